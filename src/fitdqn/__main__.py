@@ -1,0 +1,3 @@
+from fitdqn.cli import main
+
+raise SystemExit(main())

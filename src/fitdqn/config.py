@@ -1,0 +1,294 @@
+"""The one home of every default.
+
+Each section is a frozen dataclass; each field is declared with :func:`knob`, whose help text is what
+``fitdqn ... --help`` shows. TOML in (:func:`load_config`), TOML out (:func:`dump_config`); an unknown key
+or a wrong type is a :class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from fitdqn.errors import UserError
+
+
+class ConfigError(UserError):
+    """A config key, value or file the user must fix; the message names it and says how."""
+
+
+def knob(default: Any, help: str) -> Any:
+    """A config field with its one-line help (shown by ``--help`` and written into TOML dumps)."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("mutable defaults: use a tuple")
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    """Networks: trunk + attention, branching dueling C51 head, IQN head, IQL value net."""
+
+    window: int = knob(8, "bars per observation: the attention block attends over this many bar tokens")
+    trunk_hidden: int = knob(512, "first trunk layer width (state -> trunk_hidden -> d_model)")
+    d_model: int = knob(256, "trunk output width = attention model width")
+    attention_heads: int = knob(4, "self-attention heads over the bar tokens")
+    stream_hidden: int = knob(128, "hidden width of each dueling value/advantage stream")
+    branches: tuple[int, ...] = knob((5, 5, 5), "sub-actions per branch: target position, stop, take-profit")
+    num_atoms: int = knob(51, "C51 atoms per sub-action")
+    v_min: float = knob(-10.0, "lowest C51 support value")
+    v_max: float = knob(10.0, "highest C51 support value")
+    iqn_embedding: int = knob(64, "IQN cosine embedding size")
+    iqn_quantiles: int = knob(64, "IQN quantile samples in training (N = N')")
+    iqn_act_quantiles: int = knob(32, "IQN quantile samples for acting (K)")
+    iql_hidden: int = knob(128, "IQL value net width (state -> h -> h -> 1)")
+
+
+@dataclass(frozen=True)
+class LearnConfig:
+    """The update: double-DQN n-step targets, C51 + IQN + IQL losses, Adam, target network."""
+
+    gamma: float = knob(0.99, "discount per step")
+    n_step: int = knob(3, "n-step return length")
+    lr: float = knob(1e-4, "Adam learning rate")
+    adam_eps: float = knob(1.5e-4, "Adam epsilon")
+    grad_clip: float = knob(10.0, "global gradient-norm clip")
+    target_update: str = knob("soft", "target network update: 'soft' (Polyak, every step) or 'hard' (copy)")
+    target_tau: float = knob(0.005, "Polyak factor for soft target updates")
+    target_period: int = knob(1000, "updates between hard target copies")
+    kappa: float = knob(1.0, "IQN quantile Huber threshold")
+    iqn_loss_weight: float = knob(1.0, "weight of the IQN loss in the total loss")
+    iql_expectile: float = knob(0.7, "IQL expectile tau for V(s)")
+    iql_loss_weight: float = knob(1.0, "weight of the IQL expectile loss in the total loss")
+    iql_in_target: bool = knob(False, "use V(s') from the IQL net in the TD target instead of Q-target")
+    risk: str = knob("neutral", "action selection: 'neutral' (C51 mean) or 'cvar' (IQN CVaR)")
+    cvar_alpha: float = knob(0.25, "CVaR level for risk-averse action selection")
+    epsilon_start: float = knob(1.0, "epsilon-greedy exploration at the start")
+    epsilon_end: float = knob(0.05, "epsilon-greedy exploration after decay")
+    epsilon_decay_steps: int = knob(200_000, "env steps (over all parallel episodes) to decay epsilon")
+    precision: str = knob("auto", "autocast: 'auto' (bf16 where supported on CUDA), 'bf16' or 'fp32'")
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """GPU replay: storage ring, prioritized sampling, HER."""
+
+    capacity: int = knob(2_000_000, "most transitions kept; the plan may give fewer if VRAM is short")
+    prioritized: bool = knob(True, "prioritized sampling (sum tree); False = uniform")
+    alpha: float = knob(0.6, "priority exponent")
+    beta_start: float = knob(0.4, "importance-weight exponent at the start, annealed to beta_end")
+    beta_end: float = knob(1.0, "importance-weight exponent at the end of training")
+    priority_eps: float = knob(1e-6, "added to |TD error| so no transition gets zero priority")
+    her: bool = knob(True, "relabel goals with HER ('future' strategy)")
+    her_k: int = knob(4, "HER future goals per real goal: relabel probability k / (k + 1)")
+    min_fill: int = knob(10_000, "transitions stored before updates start")
+
+
+@dataclass(frozen=True)
+class MarketConfig:
+    """Market data, contract, splits and the vectorised environment."""
+
+    data: str = knob("sp500", "bars: 'sp500', 'nasdaq', 'synthetic' or a CSV/Parquet path")
+    contract: str = knob("auto", "contract spec name ('es', 'nq', ...) or 'auto' from the data")
+    train_fraction: float = knob(0.7, "first part of the bars for training")
+    validation_fraction: float = knob(0.15, "next part for validation; the rest is the test split")
+    episode_length: int = knob(256, "bars per training episode (random start offsets)")
+    max_contracts: int = knob(2, "largest absolute position; target positions are -max..+max")
+    reward_scale: float = knob(1e-3, "reward = net P&L in currency x reward_scale")
+    synthetic_bars: int = knob(6000, "bars generated for 'synthetic'")
+    synthetic_signal: float = knob(0.3, "strength of the planted predictable component in 'synthetic'")
+    seed: int = knob(0, "seed for the synthetic market")
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    """Experience collection on the vectorised environment."""
+
+    num_envs: int = knob(4096, "parallel episodes stepped on the device")
+    steps_per_epoch: int = knob(64, "env steps per parallel episode in each epoch")
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """The VRAM budget: every knob that moves memory shows in `fitdqn plan`."""
+
+    batch_size: int = knob(
+        -1, "-1: the GPU profile's tested batch; 0: auto (planner computes it); N > 0: exactly N, checked"
+    )
+    replay_buffer_vram_fraction: float = knob(0.70, "share of probed free memory for the replay buffer")
+    min_batch: int = knob(64, "smallest batch the planner may choose")
+    max_batch: int = knob(16384, "largest batch the planner may choose")
+    headroom_fraction: float = knob(0.05, "share of probed free memory kept unused (fragmentation)")
+    profiles_dir: str = knob("", "extra directory of GPU profile TOML files (yours override shipped ones)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The run: epochs, updates, evaluation, checkpoints."""
+
+    device: str = knob("auto", "'auto' (CUDA if present), 'cpu', 'cuda' or 'cuda:N'")
+    seed: int = knob(0, "seed for everything")
+    epochs: int = knob(20, "epochs of collect + update")
+    minutes: float = knob(0.0, "stop after this many minutes (0 = no limit)")
+    replay_ratio: float = knob(0.25, "gradient updates per 1,000 collected transitions x batch/256")
+    cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
+    eval_every: int = knob(5, "epochs between validation backtests")
+    checkpoint_every: int = knob(5, "epochs between checkpoints")
+    eval_seeds: int = knob(1, "seeds for the random-policy baseline in evaluation")
+    out: str = knob("runs/latest", "run directory")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything fitdqn reads; `fitdqn <command> --help` lists every field."""
+
+    net: NetConfig = field(default_factory=NetConfig)
+    learn: LearnConfig = field(default_factory=LearnConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    market: MarketConfig = field(default_factory=MarketConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def section_types() -> dict[str, type]:
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+
+
+def field_types(section: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(section)
+    return {f.name: hints[f.name] for f in dataclasses.fields(section)}
+
+
+def coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Check (and lightly convert) one value against its annotation; a mismatch names ``key``."""
+    origin = typing.get_origin(annotation)
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+    elif annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif annotation is str:
+        if isinstance(value, str):
+            return value
+    elif origin is tuple:
+        (item_type, _ellipsis) = typing.get_args(annotation)
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split() if v]
+        if isinstance(value, (list, tuple)):
+            return tuple(coerce(key, v, item_type) for v in value)
+    elif origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            try:
+                return coerce(key, value, arg)
+            except ConfigError:
+                continue
+    type_name = getattr(annotation, "__name__", str(annotation))
+    raise ConfigError(f"config key '{key}': expected {type_name}, got {value!r} ({type(value).__name__})")
+
+
+def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
+    """Build a Config from nested ``{section: {key: value}}``; unknown sections/keys are errors."""
+    base = base or Config()
+    sections = section_types()
+    updates: dict[str, Any] = {}
+    for section_name, values in data.items():
+        if section_name not in sections:
+            raise ConfigError(
+                f"unknown config section '{section_name}'; known sections: {', '.join(sections)}"
+            )
+        if not isinstance(values, dict):
+            raise ConfigError(f"config section '{section_name}' must be a table of keys, got {values!r}")
+        types_ = field_types(sections[section_name])
+        changes = {}
+        for key, value in values.items():
+            full = f"{section_name}.{key}"
+            if key not in types_:
+                raise ConfigError(
+                    f"unknown config key '{full}'; keys of [{section_name}]: {', '.join(types_)}"
+                )
+            changes[key] = coerce(full, value, types_[key])
+        updates[section_name] = dataclasses.replace(getattr(base, section_name), **changes)
+    config = dataclasses.replace(base, **updates)
+    validate(config)
+    return config
+
+
+def load_config(path: str | Path, base: Config | None = None) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' not found")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file '{path}' is not valid TOML: {error}") from None
+    return config_from_dict(data, base)
+
+
+def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:
+    return {
+        name: {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(section).items()}
+        for name, section in ((f.name, getattr(config, f.name)) for f in dataclasses.fields(config))
+    }
+
+
+def dump_config(config: Config) -> str:
+    return tomli_w.dumps(config_to_dict(config))
+
+
+def with_overrides(config: Config, overrides: dict[str, Any]) -> Config:
+    """Apply dotted overrides ``{"learn.lr": 3e-4}``."""
+    nested: dict[str, dict[str, Any]] = {}
+    for dotted, value in overrides.items():
+        section, _, key = dotted.partition(".")
+        nested.setdefault(section, {})[key] = value
+    return config_from_dict(nested, config)
+
+
+def validate(config: Config) -> None:
+    """Cross-field checks with a message that says what to change."""
+    b, m, r, n, lrn = config.budget, config.market, config.replay, config.net, config.learn
+    checks = [
+        (b.batch_size >= -1, "budget.batch_size must be -1 (profile), 0 (auto) or a positive batch"),
+        (0.0 <= b.replay_buffer_vram_fraction < 1.0, "budget.replay_buffer_vram_fraction must be in [0, 1)"),
+        (0 < b.min_batch <= b.max_batch, "budget.min_batch must be positive and <= budget.max_batch"),
+        (0.0 <= b.headroom_fraction < 0.5, "budget.headroom_fraction must be in [0, 0.5)"),
+        (0 < m.train_fraction and 0 < m.validation_fraction
+         and m.train_fraction + m.validation_fraction < 1.0,
+         "market.train_fraction + market.validation_fraction must be < 1 (the rest is the test split)"),
+        (r.capacity > 0, "replay.capacity must be positive"),
+        (0.0 <= r.alpha <= 1.0, "replay.alpha must be in [0, 1]"),
+        (n.d_model % n.attention_heads == 0, "net.d_model must be divisible by net.attention_heads"),
+        (n.v_min < n.v_max, "net.v_min must be below net.v_max"),
+        (n.window >= 1, "net.window must be at least 1"),
+        (lrn.n_step >= 1, "learn.n_step must be at least 1"),
+        (lrn.target_update in ("soft", "hard"), "learn.target_update must be 'soft' or 'hard'"),
+        (lrn.risk in ("neutral", "cvar"), "learn.risk must be 'neutral' or 'cvar'"),
+        (lrn.precision in ("auto", "bf16", "fp32"), "learn.precision must be 'auto', 'bf16' or 'fp32'"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)

@@ -1,0 +1,110 @@
+"""What this device is and how much memory is free — probed, or described for a GPU you do not have."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass
+
+import torch
+
+from fitdqn.errors import UserError
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A device as the planner sees it. ``what_if`` marks a described (not probed) device."""
+
+    name: str
+    kind: str  # "cuda" | "cpu"
+    index: int | None
+    total_bytes: int | None
+    free_bytes: int | None
+    compute_capability: tuple[int, int] | None
+    bf16: bool
+    what_if: bool = False
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["compute_capability"] = list(self.compute_capability) if self.compute_capability else None
+        return data
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.kind if self.index is None else f"{self.kind}:{self.index}")
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """'auto' -> the current CUDA device if there is one, else the CPU."""
+    if spec == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else (
+            torch.device("cpu")
+        )
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise UserError(f"unknown device {spec!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"device {spec!r} asked for, but this machine has no CUDA GPU: use --device cpu")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise UserError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+        return torch.device("cuda", index)
+    if device.type != "cpu":
+        raise UserError(f"device type {device.type!r} is not supported: use 'cpu' or 'cuda'")
+    return device
+
+
+def probe(spec: str = "auto") -> DeviceInfo:
+    """Probe the real device once: name, compute capability, bf16, total and free bytes."""
+    device = resolve_device(spec)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        free, total = torch.cuda.mem_get_info(device)  # host sync: driver query
+        return DeviceInfo(
+            name=props.name, kind="cuda", index=device.index, total_bytes=int(total), free_bytes=int(free),
+            compute_capability=(props.major, props.minor), bf16=torch.cuda.is_bf16_supported(),
+        )
+    total, free = system_memory()
+    return DeviceInfo(
+        name=cpu_name(), kind="cpu", index=None, total_bytes=total, free_bytes=free,
+        compute_capability=None, bf16=True,
+    )
+
+
+def what_if(name: str, total_bytes: int | None, free_bytes: int | None) -> DeviceInfo:
+    """A described GPU: free defaults to total (an idle card), total to free; both may stay unknown."""
+    if total_bytes is None and free_bytes is not None:
+        total_bytes = free_bytes
+    if free_bytes is None:
+        free_bytes = total_bytes
+    if total_bytes is not None and free_bytes is not None and free_bytes > total_bytes:
+        raise UserError(
+            f"--free-memory ({free_bytes} bytes) exceeds --total-memory ({total_bytes} bytes): lower one"
+        )
+    return DeviceInfo(
+        name=name, kind="cuda", index=0, total_bytes=total_bytes, free_bytes=free_bytes,
+        compute_capability=None, bf16=True, what_if=True,
+    )
+
+
+def system_memory() -> tuple[int, int]:
+    """(total, available) bytes of system RAM, from /proc/meminfo where it exists."""
+    try:
+        fields = dict(line.split(":", 1) for line in open("/proc/meminfo").read().splitlines() if ":" in line)
+        kib = lambda key: int(fields[key].strip().split()[0]) * 1024
+        return kib("MemTotal"), kib("MemAvailable")
+    except (OSError, KeyError, ValueError):
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return "CPU: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU: " + (platform.processor() or platform.machine())

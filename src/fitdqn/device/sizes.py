@@ -1,0 +1,38 @@
+"""Byte sizes as people write them: ``1.7GiB``, ``4GB``, ``512MiB``, ``123456``."""
+
+from __future__ import annotations
+
+import re
+
+from fitdqn.errors import UserError
+
+UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """``'1.7GiB'`` -> 1825361100; decimal (GB) and binary (GiB) units; a bare number is bytes."""
+    if isinstance(text, int):
+        return text
+    match = SIZE_PATTERN.match(str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in UNITS:
+        raise UserError(
+            f"cannot read the size {text!r}: write a number and a unit, e.g. 1.7GiB, 4GB, 512MiB"
+        )
+    return int(float(match.group(1)) * UNITS[unit])
+
+
+def format_bytes(count: float) -> str:
+    """Binary units, three significant figures: 1825361100 -> '1.70 GiB'."""
+    sign = "-" if count < 0 else ""
+    count = abs(count)
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{sign}{count / size:.3g} {unit}"
+    return f"{sign}{int(count)} B"

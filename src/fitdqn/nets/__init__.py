@@ -1,0 +1,1 @@
+"""fitdqn.nets"""
