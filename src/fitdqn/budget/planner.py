@@ -1,0 +1,159 @@
+"""The planner: free memory in, a batch size out — chosen last, from what the fixed consumers leave.
+
+Order is the allocation order (SPEC "The rules of the budget"): the replay buffer is sized from the
+probed free memory first (its component arrives already sized), then the collector, the CUDA overhead,
+every network with its optimizer, the headroom; the batch comes last::
+
+    remaining = free - sum(fixed_bytes) - headroom
+    batch     = clamp(remaining // sum(per_sample_bytes), min_batch, max_batch)
+
+A profile batch (budget.batch_size = -1) or a user batch (N > 0) is used as given but checked first;
+one that does not fit is refused with every consumer listed, before anything is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fitdqn.budget.component import Component
+from fitdqn.config import BudgetConfig
+from fitdqn.device.probe import DeviceInfo
+from fitdqn.device.profiles import Profile
+from fitdqn.device.sizes import format_bytes
+from fitdqn.errors import UserError
+
+ALLOCATION_ORDER = ("replay", "her", "collector", "cuda_overhead", "dqn", "attention", "iqn", "iql")
+
+
+class InfeasiblePlan(UserError):
+    """The memory does not hold what the config asks for; the message lists every consumer."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: DeviceInfo
+    profile: Profile
+    batch_size: int
+    batch_source: str  # "profile" | "auto" | "user"
+    components: tuple[Component, ...]
+    headroom_bytes: int
+    replay_capacity: int | None
+    max_fitting_batch: int | None  # None when the device memory is unknown
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fixed_bytes(self) -> int:
+        return sum(c.fixed_bytes for c in self.components)
+
+    @property
+    def per_sample_bytes(self) -> int:
+        return sum(c.per_sample_bytes for c in self.components)
+
+    @property
+    def planned_bytes(self) -> int:
+        """Everything the plan expects to be allocated at the chosen batch (headroom not included)."""
+        return self.fixed_bytes + self.per_sample_bytes * self.batch_size
+
+    @property
+    def remaining_bytes(self) -> int | None:
+        """Free memory left after the fixed consumers and the headroom: what the batch is cut from."""
+        if self.device.free_bytes is None:
+            return None
+        return self.device.free_bytes - self.fixed_bytes - self.headroom_bytes
+
+    def to_json(self) -> dict:
+        return {
+            "batch_size": self.batch_size,
+            "batch_source": self.batch_source,
+            "profile": self.profile.name,
+            "profile_source": self.profile.source,
+            "device": self.device.to_json(),
+            "components": [c.to_json() for c in self.components],
+            "fixed_bytes": self.fixed_bytes,
+            "per_sample_bytes": self.per_sample_bytes,
+            "planned_bytes": self.planned_bytes,
+            "remaining_bytes": self.remaining_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "replay_capacity": self.replay_capacity,
+            "max_fitting_batch": self.max_fitting_batch,
+            "notes": list(self.notes),
+        }
+
+
+def order_components(components: list[Component]) -> tuple[Component, ...]:
+    """Allocation order: known names in ALLOCATION_ORDER, any other consumer after them."""
+    rank = {name: i for i, name in enumerate(ALLOCATION_ORDER)}
+    return tuple(sorted(components, key=lambda c: rank.get(c.name, len(rank))))
+
+
+def consumer_table(components: tuple[Component, ...], batch_size: int) -> str:
+    lines = [
+        f"  {c.name:<14} fixed {format_bytes(c.fixed_bytes):>10}  per sample {format_bytes(c.per_sample_bytes):>10}"
+        f"  at batch {batch_size}: {format_bytes(c.bytes_at(batch_size)):>10}"
+        for c in components
+    ]
+    return "\n".join(lines)
+
+
+def make_plan(
+    device: DeviceInfo,
+    profile: Profile,
+    budget: BudgetConfig,
+    components: list[Component],
+    replay_capacity: int | None = None,
+) -> Plan:
+    """Choose the batch size last, from what the fixed consumers leave; refuse what does not fit."""
+    ordered = order_components(components)
+    fixed = sum(c.fixed_bytes for c in ordered)
+    per_sample = sum(c.per_sample_bytes for c in ordered)
+    notes: list[str] = []
+    free = device.free_bytes
+    headroom = int(free * budget.headroom_fraction) if free is not None else 0
+
+    if free is None:
+        max_fitting = None
+        notes.append("device memory unknown: give --free-memory (or --total-memory) to check the fit")
+    else:
+        remaining = free - fixed - headroom
+        if remaining < 0 or (per_sample > 0 and remaining // per_sample < 1):
+            raise InfeasiblePlan(
+                f"the fixed consumers need {format_bytes(fixed)} + headroom {format_bytes(headroom)}, "
+                f"but only {format_bytes(free)} is free on {device.name}:\n"
+                f"{consumer_table(ordered, budget.min_batch)}\n"
+                "lower budget.replay_buffer_vram_fraction or replay.capacity, collect.num_envs, "
+                "or the network sizes; or free memory on the device"
+            )
+        max_fitting = remaining // per_sample if per_sample > 0 else budget.max_batch
+
+    if budget.batch_size > 0:
+        batch, source = budget.batch_size, "user"
+    elif budget.batch_size == -1:
+        batch, source = profile.batch_size, "profile"
+    else:
+        if max_fitting is None:
+            raise InfeasiblePlan(
+                "budget.batch_size = 0 (auto) needs the device's free memory: give --free-memory SIZE "
+                "(and --total-memory SIZE) for a GPU you do not have"
+            )
+        batch, source = min(max(max_fitting, budget.min_batch), budget.max_batch), "auto"
+
+    if max_fitting is not None and batch > max_fitting:
+        how = {
+            "user": f"the batch size {batch} you asked for",
+            "profile": f"the '{profile.name}' profile's batch {batch}",
+            "auto": f"the smallest batch allowed (budget.min_batch = {budget.min_batch})",
+        }[source]
+        raise InfeasiblePlan(
+            f"{how} does not fit on {device.name}: {format_bytes(free)} free, fixed consumers "
+            f"{format_bytes(fixed)}, headroom {format_bytes(headroom)}, {format_bytes(per_sample)} per sample "
+            f"-> at most {max_fitting} samples fit.\n{consumer_table(ordered, batch)}\n"
+            "use --batch-size 0 (auto) or a batch <= "
+            f"{max_fitting}, or lower budget.replay_buffer_vram_fraction / replay.capacity"
+        )
+    if source == "auto" and max_fitting is not None and max_fitting > budget.max_batch:
+        notes.append(f"auto batch clamped to budget.max_batch = {budget.max_batch} (up to {max_fitting} fit)")
+    return Plan(
+        device=device, profile=profile, batch_size=int(batch), batch_source=source, components=ordered,
+        headroom_bytes=headroom, replay_capacity=replay_capacity, max_fitting_batch=max_fitting,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,79 @@
+import pytest
+
+from fitdqn.budget import Component
+from fitdqn.budget.planner import InfeasiblePlan, make_plan
+from fitdqn.config import BudgetConfig
+from fitdqn.device import load_profiles, match_profile, what_if
+
+GIB = 2**30
+
+
+def plan(free, components, batch_size=0, gpu="Some Unknown GPU", **budget):
+    device = what_if(gpu, None, free)
+    profile = match_profile(gpu, load_profiles())
+    return make_plan(device, profile, BudgetConfig(batch_size=batch_size, **budget), components)
+
+
+def parts(replay_fixed=0, per_sample=1000):
+    return [
+        Component("iqn", 10_000, per_sample // 2, "test"),
+        Component("replay", replay_fixed, 0, "test"),
+        Component("dqn", 50_000, per_sample - per_sample // 2, "test"),
+        Component("collector", 7_000, 0, "test"),
+    ]
+
+
+def test_components_sum_and_allocation_order():
+    result = plan(GIB, parts(replay_fixed=GIB // 2))
+    assert [c.name for c in result.components] == ["replay", "collector", "dqn", "iqn"]
+    assert result.fixed_bytes == GIB // 2 + 67_000
+    assert result.per_sample_bytes == 1000
+    assert result.planned_bytes == result.fixed_bytes + 1000 * result.batch_size
+
+
+def test_batch_comes_last_from_what_is_left():
+    free = GIB
+    result = plan(free, parts(replay_fixed=int(0.7 * free)), headroom_fraction=0.05)
+    remaining = free - int(0.7 * free) - 67_000 - int(0.05 * free)
+    assert result.remaining_bytes == remaining
+    assert result.max_fitting_batch == remaining // 1000
+    assert result.batch_size == min(remaining // 1000, 16384)
+    assert result.batch_source == "auto"
+
+
+def test_auto_batch_is_clamped():
+    assert plan(100 * GIB, parts(per_sample=10)).batch_size == 16384
+    tight = plan(GIB, parts(replay_fixed=GIB // 2, per_sample=10**7), min_batch=8)
+    assert 8 <= tight.batch_size == tight.max_fitting_batch < 64
+
+
+def test_auto_refused_when_min_batch_does_not_fit():
+    with pytest.raises(InfeasiblePlan, match="min_batch"):
+        plan(GIB, parts(replay_fixed=GIB // 2, per_sample=10**7))
+
+
+def test_user_batch_checked_and_refused_with_every_consumer():
+    assert plan(GIB, parts(), batch_size=1000).batch_source == "user"
+    with pytest.raises(InfeasiblePlan) as refusal:
+        plan(GIB, parts(replay_fixed=GIB // 2), batch_size=10**6)
+    message = str(refusal.value)
+    assert all(name in message for name in ("replay", "collector", "dqn", "iqn", "--batch-size 0"))
+
+
+def test_profile_batch_used_when_it_fits_and_refused_when_not():
+    assert plan(GIB, parts(), batch_size=-1, gpu="h100").batch_size == 8192
+    with pytest.raises(InfeasiblePlan, match="'h100' profile"):
+        plan(GIB, parts(replay_fixed=GIB // 2, per_sample=100_000), batch_size=-1, gpu="h100")
+
+
+def test_fixed_consumers_beyond_free_memory_are_refused_before_anything():
+    with pytest.raises(InfeasiblePlan, match="fixed consumers need"):
+        plan(GIB, parts(replay_fixed=2 * GIB))
+
+
+def test_unknown_memory_keeps_the_profile_and_refuses_auto():
+    device = what_if("Some Unknown GPU", None, None)
+    profile = match_profile(device.name, load_profiles())
+    assert make_plan(device, profile, BudgetConfig(), parts()).batch_size == 256
+    with pytest.raises(InfeasiblePlan, match="--free-memory"):
+        make_plan(device, profile, BudgetConfig(batch_size=0), parts())
