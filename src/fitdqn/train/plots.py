@@ -1,0 +1,61 @@
+"""PNG plots of a run: equity with drawdown against buy-and-hold, and learning curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fitdqn.train.metrics import drawdown
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_equity(curves: dict[str, np.ndarray], path: str | Path, title: str) -> Path:
+    """curves: name -> equity [T + 1]; the first is the agent. Top: equity; bottom: drawdown."""
+    plt = _pyplot()
+    fig, (equity_ax, dd_ax) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, height_ratios=(3, 1))
+    for name, equity in curves.items():
+        equity_ax.plot(equity, label=name, linewidth=1.4 if name == next(iter(curves)) else 0.9)
+        dd_ax.fill_between(np.arange(len(equity)), -100 * drawdown(equity), alpha=0.35, label=name)
+    equity_ax.set_ylabel("equity")
+    equity_ax.set_title(title)
+    equity_ax.legend()
+    equity_ax.grid(alpha=0.3)
+    dd_ax.set_ylabel("drawdown %")
+    dd_ax.set_xlabel("bar")
+    dd_ax.grid(alpha=0.3)
+    return _save(fig, plt, path)
+
+
+def plot_learning_curves(records: list[dict[str, Any]], path: str | Path,
+                         keys: tuple[str, ...] = ("loss", "c51_loss", "iqn_loss", "iql_loss", "q_mean",
+                                                  "validation_sharpe")) -> Path:
+    """One panel per scalar found in the JSONL records (by epoch)."""
+    plt = _pyplot()
+    present = [k for k in keys if any(k in r and r[k] is not None for r in records)]
+    fig, axes = plt.subplots(max(len(present), 1), 1, figsize=(9, 2.2 * max(len(present), 1)), squeeze=False)
+    for ax, key in zip(axes[:, 0], present, strict=False):
+        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        ax.plot(*zip(*points, strict=True), marker="." if len(points) < 50 else None)
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("epoch")
+    return _save(fig, plt, path)
+
+
+def _save(fig, plt, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
