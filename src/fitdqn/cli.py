@@ -2,6 +2,8 @@
 
     fitdqn plan       where every byte of GPU memory will go, and the batch size that leaves
     fitdqn profiles   the GPU profiles and where their numbers came from
+    fitdqn train      plan, allocate, train, evaluate: the whole run, resumable
+    fitdqn evaluate   backtest a run's checkpoint on a split beside buy-and-hold and random
 
 Every option is documented in ``fitdqn <command> --help``; every default lives in ``fitdqn.config``.
 """
@@ -54,6 +56,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_arguments(profiles, COMMON_ALIASES)
     profiles.set_defaults(run=run_profiles)
+
+    train = commands.add_parser(
+        "train", help="plan, allocate, train and evaluate (the main job)",
+        description="Probe the device, plan every byte, allocate in plan order, check the plan against the "
+        "device, then train epochs of collect + update and backtest on held-out bars. With no options: "
+        "a short run on the real S&P 500 daily bars. Writes config.toml, plan.json, metrics.jsonl, "
+        "TensorBoard events, checkpoint.pt, report.json/.md and PNG plots into --out.",
+    )
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint "
+                       "(its config.toml is used; options given here override it)")
+    add_config_arguments(train, COMMON_ALIASES + ("train.epochs", "train.minutes", "train.out"))
+    train.set_defaults(run=run_train)
+
+    evaluate = commands.add_parser(
+        "evaluate", help="backtest a run's checkpoint on a split",
+        description="Re-run the backtest of RUN_DIR's checkpoint on --split beside buy-and-hold and a random "
+        "policy; prints the metrics and writes evaluate_<split>.json into RUN_DIR.",
+    )
+    evaluate.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train")
+    evaluate.add_argument("--split", choices=("train", "validation", "test"), default="test",
+                          help="which bars to backtest on (default: test)")
+    evaluate.add_argument("--device", default="auto", help="device to evaluate on (default: auto)")
+    evaluate.set_defaults(run=run_evaluate)
     return parser
 
 
@@ -85,6 +110,32 @@ def run_plan(args: argparse.Namespace) -> int:
         print_plan(plan)
         if args.plot:
             print(f"chart written to {args.plot}")
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fitdqn.train.run import resume_config, train
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        base = resume_config(run_dir)
+        args.config = None
+        config = config_from_args(args, base=base)
+    else:
+        config = config_from_args(args)
+        run_dir = Path(config.train.out)
+    train(config, run_dir, resume=bool(args.resume))
+    return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fitdqn.train.run import evaluate_run
+
+    evaluate_run(Path(args.run_dir), args.split, args.device)
     return 0
 
 

@@ -51,9 +51,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, aliases: tuple[str, ..
             )
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Defaults, then ``--config FILE``, then the options given on the command line."""
-    config = load_config(args.config) if getattr(args, "config", None) else Config()
+def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Config:
+    """``base`` (defaults), then ``--config FILE``, then the options given on the command line."""
+    config = base or Config()
+    if getattr(args, "config", None):
+        config = load_config(args.config, base=config)
     overrides = {
         dest[len(DEST_PREFIX):]: value for dest, value in vars(args).items() if dest.startswith(DEST_PREFIX)
     }

@@ -47,6 +47,9 @@ class NetConfig:
     iqn_embedding: int = knob(64, "IQN cosine embedding size")
     iqn_quantiles: int = knob(64, "IQN quantile samples in training (N = N')")
     iqn_act_quantiles: int = knob(32, "IQN quantile samples for acting (K)")
+    iqn_chunk: int = knob(
+        16, "quantiles per chunk in the fused IQN head (smaller: less activation memory, more kernels)"
+    )
     iql_hidden: int = knob(128, "IQL value net width (state -> h -> h -> 1)")
 
 
@@ -88,6 +91,7 @@ class ReplayConfig:
     her: bool = knob(True, "relabel goals with HER ('future' strategy)")
     her_k: int = knob(4, "HER future goals per real goal: relabel probability k / (k + 1)")
     min_fill: int = knob(10_000, "transitions stored before updates start")
+    compile: bool = knob(True, "torch.compile the replay's sampling maths on CUDA (few fused kernels)")
 
 
 @dataclass(frozen=True)
@@ -136,11 +140,12 @@ class TrainConfig:
     seed: int = knob(0, "seed for everything")
     epochs: int = knob(20, "epochs of collect + update")
     minutes: float = knob(0.0, "stop after this many minutes (0 = no limit)")
-    replay_ratio: float = knob(0.25, "gradient updates per 1,000 collected transitions x batch/256")
+    replay_ratio: float = knob(1.0, "times each collected transition is used: updates = ratio x collected / batch")
     cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
     eval_every: int = knob(5, "epochs between validation backtests")
     checkpoint_every: int = knob(5, "epochs between checkpoints")
-    eval_seeds: int = knob(1, "seeds for the random-policy baseline in evaluation")
+    eval_seeds: int = knob(3, "seeds for the random-policy baseline in evaluation")
+    capital: float = knob(100_000.0, "account size the backtest's returns, Sharpe and drawdown are measured on")
     out: str = knob("runs/latest", "run directory")
 
 

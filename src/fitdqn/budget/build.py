@@ -1,15 +1,212 @@
-"""From config + device to a Plan: match the profile, gather every component, let the planner choose."""
+"""From config + device to a Plan: every consumer as a component, derived from the real objects.
+
+- ``replay`` / ``her``: from the env's transition spec and a ReplayBuffer built on the 'meta' device, sized
+  from the probed free memory (``fitdqn.replay.components``).
+- ``collector``: the market tensors on the device, the env's state, and the peak of one collector step
+  (``Learner.act`` on ``collect.num_envs`` observations + ``env.step``), traced on fake tensors.
+- ``cuda_overhead``: cuBLAS/cuBLASLt workspaces per stream (``fitdqn.budget.overhead``).
+- ``dqn``, ``attention``, ``iqn``, ``iql``: parameters (+ target copy) + gradients + Adam moments counted from
+  the real modules' shapes and dtypes, plus each group's share of the traced training step.
+- ``batch``: what the traced step allocates outside the four network groups (the sampled batch, the
+  observations built from it, loss and optimizer temporaries) minus the replay's own sampling scratch.
+
+The training step traced is the one the trainer captures: ``replay.sample -> Learner.update ->
+replay.update_priorities``, on fake tensors (``fitdqn.budget.trace``), at two batch sizes.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from fitdqn.budget.component import Component
+from fitdqn.budget.overhead import cuda_overhead_component
 from fitdqn.budget.planner import Plan, make_plan
-from fitdqn.config import Config
+from fitdqn.budget.trace import StepFit, StepSetup, fake_device_for, per_sample_bytes, trace_step_memory
+from fitdqn.config import Config, config_to_dict
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import load_profiles, match_profile
+from fitdqn.market.env import GOAL_COLUMN, NUM_AGENT_FIELDS, env_state_bytes, transition_spec
+from fitdqn.market.features import NUM_FEATURES
+from fitdqn.market.observation import build_observation
+from fitdqn.nets.groups import MEMORY_GROUPS, parameter_groups
+from fitdqn.replay.components import her_component, replay_component, replay_sample_bytes
+
+TRACE_BATCHES = (512, 1024)
+ADAM_MOMENTS = 2
 
 
-def plan_for_device(config: Config, device: DeviceInfo) -> Plan:
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the plan needs to know about the data: bars on the device and the state width."""
+
+    num_bars: int
+    market_bytes: int
+
+    @classmethod
+    def from_market(cls, market, config: Config) -> PlanInputs:
+        from fitdqn.market.loader import market_bytes
+
+        return cls(market.num_bars, market_bytes(market.num_bars))
+
+    @classmethod
+    def from_config(cls, config: Config) -> PlanInputs:
+        """Without loading the data: a synthetic market's size is its configured bar count; a file or a
+        built-in dataset is read (on the CPU) to count its bars."""
+        from fitdqn.market.data import bars_from_config
+        from fitdqn.market.loader import market_bytes
+
+        num_bars = len(bars_from_config(config.market))
+        return cls(num_bars, market_bytes(num_bars))
+
+
+STATE_DIM = NUM_FEATURES + NUM_AGENT_FIELDS
+
+
+def trace_config(config: Config, device: DeviceInfo) -> tuple[Config, str]:
+    """The config the trace runs: on a CPU-only PyTorch the fake tensors are CPU ones, so the bf16 autocast a
+    CUDA target would use is asked for explicitly (CPU autocast), and said so."""
+    target = torch.device("cuda" if device.kind == "cuda" else "cpu")
+    traced, note = fake_device_for(target)
+    if device.kind == "cuda" and traced.type == "cpu" and config.learn.precision == "auto" and device.bf16:
+        learn = dataclasses.replace(config.learn, precision="bf16")
+        return dataclasses.replace(config, learn=learn), note + "; bf16 by CPU autocast"
+    return config, note
+
+
+def make_train_step(config: Config, num_bars: int, capacity: int):
+    """The captured training step, buildable on any (fake) device: sample -> update -> priorities."""
+    from fitdqn.learn.learner import Learner
+    from fitdqn.replay.buffer import ReplayBuffer
+
+    num_envs = config.collect.num_envs
+    steps_written = config.learn.n_step + 2
+
+    def make_step(batch_size: int, device: torch.device) -> StepSetup:
+        features = torch.zeros((num_bars, NUM_FEATURES), device=device)  # [T, Fm]
+        window = config.net.window
+        observe = lambda bar, agent: build_observation(features, bar, agent, window)  # noqa: E731
+        replay = ReplayBuffer.from_config(config, transition_spec(), capacity, goal_column=GOAL_COLUMN,
+                                          observe=observe, device=device)
+        replay.goal_reward = lambda before, after, goal: (after - before) * 0  # shapes only
+        rows = {name: torch.zeros(spec.batched(num_envs), dtype=spec.dtype, device=device)
+                for name, spec in transition_spec().items()}
+        rows["bar"] = rows["bar"] + window
+        for _ in range(steps_written):
+            replay.write(rows)
+        learner = Learner(config, STATE_DIM, device)
+        beta = torch.ones((), device=device)
+
+        def step() -> None:
+            batch = replay.sample(batch_size, beta)
+            out = learner.update(batch)
+            replay.update_priorities(batch["index"], out["priorities"])
+
+        groups = {name: list(group.modules) for name, group in parameter_groups(learner).items()}
+        for name, group in parameter_groups(learner.target).items():
+            groups[name] = groups[name] + list(group.modules)
+        return StepSetup(step, groups)
+
+    return make_step
+
+
+def make_collect_step(config: Config, num_bars: int):
+    """One collector step at ``num_envs`` envs (the 'batch' argument): act + env step."""
+    from fitdqn.learn.learner import Learner
+
+    def make_step(num_envs: int, device: torch.device):
+        learner = Learner(config, STATE_DIM, device)
+        features = torch.zeros((num_bars, NUM_FEATURES), device=device)
+        bar = torch.full((num_envs,), config.net.window, device=device, dtype=torch.int64)
+        agent = torch.zeros((num_envs, NUM_AGENT_FIELDS), device=device)
+        epsilon = torch.zeros((), device=device)
+
+        def step() -> None:
+            obs = build_observation(features, bar, agent, config.net.window)
+            learner.act(obs, epsilon)
+
+        return step
+
+    return make_step
+
+
+def network_fixed_bytes(config: Config) -> dict[str, int]:
+    """Per group: parameters (+ target copy) + gradients + Adam moments, from the modules on 'meta'."""
+    from fitdqn.nets.iql import ValueNet
+    from fitdqn.nets.qnet import QNetwork
+
+    with torch.device("meta"):
+        modules = [QNetwork(config.net, STATE_DIM), ValueNet(STATE_DIM, config.net.iql_hidden)]
+    fixed = {}
+    for name, group in parameter_groups(modules).items():
+        params = group.parameter_bytes()
+        copies = 1 + int(group.target_copy) + 1 + ADAM_MOMENTS  # online (+ target) + grad + Adam m, v
+        fixed[name] = params * copies
+    return fixed
+
+
+@lru_cache(maxsize=16)
+def _traces(config_key: str, config: Config, num_bars: int, capacity: int, target: str) -> tuple[StepFit, int]:
+    update = per_sample_bytes(make_train_step(config, num_bars, capacity), TRACE_BATCHES, target)
+    act = trace_step_memory(make_collect_step(config, num_bars), config.collect.num_envs, target)
+    return update, act.step_bytes
+
+
+def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs) -> tuple[list[Component], int]:
+    """Every consumer, in any order (the planner orders them), and the planned replay capacity."""
+    spec = transition_spec()
+    num_envs = config.collect.num_envs
+    free = device.free_bytes if device.free_bytes is not None else 0
+    if device.free_bytes is None:
+        capacity = max(config.replay.capacity // num_envs, config.learn.n_step) * num_envs
+        replay = Component("replay", 0, replay_sample_bytes(config, spec), "memory unknown: not sized")
+    else:
+        replay, capacity = replay_component(config, spec, free, num_envs)
+    her = her_component(config, spec)
+
+    traced_config, note = trace_config(config, device)
+    target = "cuda" if device.kind == "cuda" else "cpu"
+    key = str(config_to_dict(traced_config))
+    update, act_peak = _traces(key, traced_config, inputs.num_bars, capacity, target)
+    how = f"traced update at batch {TRACE_BATCHES[0]} and {TRACE_BATCHES[1]}" + (f" ({note})" if note else "")
+
+    network_fixed = network_fixed_bytes(config)
+    components = [replay, her]
+    components.append(Component(
+        "collector",
+        inputs.market_bytes + env_state_bytes(num_envs) + act_peak,
+        0,
+        f"market tensors ({inputs.num_bars} bars) + env state ({num_envs} envs) + traced act step peak",
+    ))
+    components.append(cuda_overhead_component(device.compute_capability) if device.kind == "cuda"
+                      else Component("cuda_overhead", 0, 0, "CPU device: none"))
+    for name in MEMORY_GROUPS:
+        components.append(Component(
+            name,
+            network_fixed[name] + max(update.per_group_fixed.get(name, 0), 0),
+            update.per_group_per_sample.get(name, 0),
+            f"params{' + target' if name != 'iql' else ''} + grads + Adam m,v of the real modules; {how}",
+        ))
+    other_fixed = update.per_group_fixed.get("other", 0)
+    other_per_sample = update.per_group_per_sample.get("other", 0)
+    sampling = replay.per_sample_bytes + her.per_sample_bytes
+    components.append(Component(
+        "batch",
+        max(other_fixed, 0),
+        max(other_per_sample - sampling, 0),
+        f"sampled batch, observations, losses, optimizer temporaries: {how}, less replay/her scratch",
+    ))
+    return components, capacity
+
+
+def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None) -> Plan:
     profiles = load_profiles(config.budget.profiles_dir or None)
     profile = match_profile(device.name, profiles)
-    components, replay_capacity = [], None  # the component model lands with the planner (issue 4)
-    return make_plan(device, profile, config.budget, components, replay_capacity)
+    inputs = inputs or PlanInputs.from_config(config)
+    components, capacity = build_components(config, device, inputs)
+    return make_plan(device, profile, config.budget, components, capacity)
+
+

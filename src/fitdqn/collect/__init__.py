@@ -1,1 +1,1 @@
-"""fitdqn.collect"""
+"""The experience collector."""

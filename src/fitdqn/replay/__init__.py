@@ -1,1 +1,25 @@
-"""fitdqn.replay"""
+"""GPU replay: ring storage, device sum tree, prioritized/uniform sampling, n-step returns, HER.
+
+Everything lives on the training device; write / sample / update_priorities make no host sync.
+"""
+
+from fitdqn.replay.buffer import REQUIRED_FIELDS, ReplayBuffer
+from fitdqn.replay.components import her_component, plan_capacity, replay_component
+from fitdqn.replay.spec import FieldSpec, TransitionSpec, bytes_per_transition, check_rows, storage_bytes
+from fitdqn.replay.storage import RingStorage
+from fitdqn.replay.sum_tree import SumTree
+
+__all__ = [
+    "REQUIRED_FIELDS",
+    "FieldSpec",
+    "ReplayBuffer",
+    "RingStorage",
+    "SumTree",
+    "TransitionSpec",
+    "bytes_per_transition",
+    "check_rows",
+    "her_component",
+    "plan_capacity",
+    "replay_component",
+    "storage_bytes",
+]

@@ -1,0 +1,311 @@
+"""Replay throughput: sample a batch (n-step + HER + weights) and update its priorities.
+
+For each capacity: fill the buffer through ``write`` (lockstep steps of --num-envs rows), then time
+``sample(B) + update_priorities`` eagerly and replayed from a CUDA graph (CUDA only), and TorchRL's
+``PrioritizedReplayBuffer`` on ``LazyTensorStorage(device=...)`` with the same rows when torchrl is
+installed. Median over --iters of per-iteration times (CUDA events on CUDA, perf_counter on CPU).
+Prints a table and writes JSON to --out.
+
+    python benchmarks/bench_replay.py --capacities 1000000 10000000 --batch 8192 --out bench_replay.json
+    python benchmarks/bench_replay.py --device cpu --capacities 10000 --batch 256 --iters 3   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from fitdqn.replay import FieldSpec, ReplayBuffer
+
+GOAL_COLUMN = 5
+
+
+def transition_spec(agent_dim: int) -> dict[str, FieldSpec]:
+    """The DESIGN.md transition fields (agent_dim = Fa)."""
+    return {
+        "bar": FieldSpec((), torch.int32),
+        "agent": FieldSpec((agent_dim,), torch.float32),
+        "action": FieldSpec((3,), torch.uint8),
+        "reward": FieldSpec((), torch.float32),
+        "achieved": FieldSpec((), torch.float32),
+        "next_agent": FieldSpec((agent_dim,), torch.float32),
+        "episode_step": FieldSpec((), torch.int32),
+        "flags": FieldSpec((), torch.uint8),
+    }
+
+
+def goal_reward(before: torch.Tensor, after: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
+    return 0.5 * ((after >= goal).float() - (before >= goal).float())
+
+
+def fill(buffer: ReplayBuffer, episode_length: int, agent_dim: int, generator: torch.Generator) -> None:
+    """Write capacity / E lockstep steps of random rows (episodes of episode_length, rare terminals)."""
+    E, device = buffer.num_envs, buffer.device
+    achieved = torch.zeros(E, device=device)
+    for t in range(buffer.capacity // E):
+        step = t % episode_length
+        reward = torch.randn(E, device=device, generator=generator) * 0.1
+        achieved = achieved * (step != 0) + reward
+        terminal = torch.rand(E, device=device, generator=generator) < 0.001
+        flags = terminal.to(torch.uint8) | (2 * (step == episode_length - 1))
+        buffer.write({
+            "bar": torch.randint(8, 100_000, (E,), device=device, generator=generator, dtype=torch.int32),
+            "agent": torch.randn(E, agent_dim, device=device, generator=generator),
+            "action": torch.randint(0, 5, (E, 3), device=device, generator=generator, dtype=torch.uint8),
+            "reward": reward,
+            "achieved": achieved,
+            "next_agent": torch.randn(E, agent_dim, device=device, generator=generator),
+            "episode_step": torch.full((E,), step, device=device, dtype=torch.int32),
+            "flags": flags.to(torch.uint8),
+        })
+
+
+def time_loop(step: Callable[[], None], iters: int, warmup: int, device: torch.device) -> float:
+    """Median seconds per call of ``step``."""
+    for _ in range(warmup):
+        step()
+    times = []
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()  # host sync: timing only
+            times.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(iters):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def replay_step(buffer: ReplayBuffer, batch: int, beta: torch.Tensor) -> Callable[[], dict]:
+    def step() -> dict:
+        sample = buffer.sample(batch, beta)
+        buffer.update_priorities(sample["index"], sample["reward"].abs())  # stands in for |TD error|
+        return sample  # returned, so torch.compile cannot drop any of it
+
+    return step
+
+
+def graphed(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """Capture ``step`` in a CUDA graph (after a side-stream warm-up) and return its replay."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+def profile(functions: dict[str, Callable[[], None]], device: torch.device) -> None:
+    """Kernel table of 5 calls of each function (graph replays show as one launch each)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for name, fn in functions.items():
+        fn()
+        torch.cuda.synchronize(device)
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize(device)
+        print(f"--- profile: {name} (5 calls)")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=45, max_name_column_width=70))
+
+
+def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool) -> list[dict]:
+    rows = []
+    spec = transition_spec(args.agent_dim)
+    buffer = ReplayBuffer(
+        spec, capacity, args.num_envs, n_step=3, gamma=0.99, episode_length=args.episode_length,
+        goal_column=GOAL_COLUMN, goal_reward=goal_reward, prioritized=prioritized, her=True,
+        fanout=args.fanout, device=device,
+    )
+    generator = torch.Generator(device).manual_seed(0)
+    fill(buffer, args.episode_length, args.agent_dim, generator)
+    beta = torch.tensor(0.4, device=device)
+    step = replay_step(buffer, args.batch, beta)
+    name = f"fitdqn {'prioritized' if prioritized else 'uniform'}"
+    modes = [("eager", step)]
+    if device.type == "cuda" and not args.no_graph:
+        try:
+            modes.append(("cuda graph", graphed(step, device)))
+            if not args.no_compile:
+                buffer.use_compiled(True)
+                step()  # compile outside the capture
+                modes.append(("compile+graph", graphed(step, device)))
+        except Exception as error:  # report, keep benchmarking
+            rows.append({"impl": name, "mode": "cuda graph", "capacity": capacity,
+                         "error": repr(error)[:300]})
+    if args.profile and prioritized and device.type == "cuda":
+        profile(dict(modes), device)
+    for mode, fn in modes:
+        seconds = time_loop(fn, args.iters, args.warmup, device)
+        rows.append({"impl": name, "mode": mode, "capacity": capacity, "batch": args.batch,
+                     "fanout": args.fanout if prioritized else None,
+                     "ms_per_iter": seconds * 1e3, "samples_per_s": args.batch / seconds})
+    if args.parts and prioritized:
+        index = buffer.sample(args.batch, beta)["index"]
+        parts = {
+            "tree descent": lambda: buffer.sampler.locate_fn(torch.rand(args.batch, device=device,
+                                                                        dtype=torch.float64)),
+            "sample (all)": lambda: buffer.sample(args.batch, beta),
+            "gather (n-step+HER)": lambda: buffer.gather(index),
+            "update priorities": lambda: buffer.update_priorities(index, torch.ones_like(index,
+                                                                                         dtype=torch.float32)),
+        }
+        for part, fn in parts.items():
+            fn_graph = fn
+            if device.type == "cuda" and not args.no_graph:
+                try:
+                    fn_graph = graphed(fn, device)
+                except Exception:
+                    fn_graph = fn
+            seconds = time_loop(fn_graph, args.iters, args.warmup, device)
+            label = f"  part: {part}{' (compiled)' if buffer.compiled else ''}"
+            rows.append({"impl": label, "mode": "cuda graph" if fn_graph is not fn else "eager",
+                         "capacity": capacity, "batch": args.batch, "ms_per_iter": seconds * 1e3,
+                         "samples_per_s": args.batch / seconds})
+    return rows
+
+
+def check_against_cpu(args, device: torch.device) -> dict:
+    """Same rows into a CPU buffer and a ``device`` buffer (Triton rebuild, compiled sampling): agree?"""
+    spec, num_envs, capacity = transition_spec(args.agent_dim), 64, 64 * 40
+    kwargs = dict(n_step=3, gamma=0.99, episode_length=16, goal_column=GOAL_COLUMN, goal_reward=goal_reward,
+                  prioritized=True, her=True, fanout=8)
+    cpu = ReplayBuffer(spec, capacity, num_envs, device="cpu", **kwargs)
+    dev = ReplayBuffer(spec, capacity, num_envs, device=device, compile=True, **kwargs)
+    fill(cpu, 16, args.agent_dim, torch.Generator().manual_seed(0))
+    for t in range(cpu.storage.steps):
+        rows = {name: field[t * num_envs:(t + 1) * num_envs] for name, field in cpu.storage.fields.items()}
+        dev.write({name: value.to(device) for name, value in rows.items()})
+    index = torch.randint(0, capacity - 3 * num_envs, (4096,))
+    priorities = torch.rand(4096) * 3
+    for buffer in (cpu, dev):
+        buffer.update_priorities(index.to(buffer.device), priorities.to(buffer.device))  # duplicates inside
+    uniform, beta = torch.rand(4096, 3, dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64)
+    batch_cpu = cpu.batch_from_uniforms(uniform, beta)
+    batch_dev = {k: v.cpu() for k, v in dev.batch_from_uniforms(uniform.to(device), beta.to(device)).items()}
+    tree_cpu, tree_dev = cpu.sampler.tree, dev.sampler.tree
+    return {
+        "triton_rebuild": tree_dev.use_triton,
+        "leaves_max_rel_diff": float(((tree_cpu.leaves - tree_dev.leaves.cpu()).abs()
+                                      / tree_cpu.leaves.clamp(min=1e-300)).max()),
+        "nodes_max_rel_diff": max(float(((a - b.cpu()).abs() / a.clamp(min=1e-300)).max())
+                                  for a, b in zip(tree_cpu.levels[:-1], tree_dev.levels[:-1], strict=True)),
+        "index_mismatches": int((batch_cpu["index"] != batch_dev["index"]).sum()),
+        "batch_max_abs_diff": max(float((batch_cpu[k].double() - batch_dev[k].double()).abs().max())
+                                  for k in batch_cpu),
+    }
+
+
+def bench_torchrl(args, capacity: int, device: torch.device) -> list[dict]:
+    try:
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
+    except ImportError:
+        print("torchrl not installed")
+        return [{"impl": "torchrl PrioritizedReplayBuffer", "capacity": capacity, "error": "not installed"}]
+    generator = torch.Generator(device).manual_seed(0)
+    buffer = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(capacity, device=device),
+                                     batch_size=args.batch)
+    chunk = min(capacity, 1 << 20)
+    for start in range(0, capacity, chunk):
+        rows = min(chunk, capacity - start)
+        buffer.extend(TensorDict({
+            "bar": torch.randint(8, 100_000, (rows,), device=device, generator=generator, dtype=torch.int32),
+            "agent": torch.randn(rows, args.agent_dim, device=device, generator=generator),
+            "action": torch.randint(0, 5, (rows, 3), device=device, generator=generator, dtype=torch.uint8),
+            "reward": torch.randn(rows, device=device, generator=generator),
+            "achieved": torch.randn(rows, device=device, generator=generator),
+            "next_agent": torch.randn(rows, args.agent_dim, device=device, generator=generator),
+            "episode_step": torch.zeros(rows, device=device, dtype=torch.int32),
+            "flags": torch.zeros(rows, device=device, dtype=torch.uint8),
+        }, batch_size=[rows], device=device))
+
+    def step() -> None:
+        data, info = buffer.sample(return_info=True)
+        buffer.update_priority(info["index"], data["reward"].abs())
+
+    try:
+        seconds = time_loop(step, args.iters, args.warmup, device)
+    except Exception as error:
+        return [{"impl": "torchrl PrioritizedReplayBuffer", "capacity": capacity, "error": repr(error)[:300]}]
+    return [{"impl": "torchrl PrioritizedReplayBuffer", "mode": "eager", "capacity": capacity,
+             "batch": args.batch, "ms_per_iter": seconds * 1e3, "samples_per_s": args.batch / seconds,
+             "note": "1-step sample + priority update only (no n-step, no HER)"}]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--capacities", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--batch", type=int, default=8192)
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--num-envs", type=int, default=4096)
+    parser.add_argument("--episode-length", type=int, default=256)
+    parser.add_argument("--agent-dim", type=int, default=8)
+    parser.add_argument("--fanout", type=int, default=64)
+    parser.add_argument("--no-graph", action="store_true", help="skip CUDA graph capture")
+    parser.add_argument("--no-uniform", action="store_true", help="skip the uniform-sampling rows")
+    parser.add_argument("--no-torchrl", action="store_true", help="skip the TorchRL rows")
+    parser.add_argument("--parts", action="store_true", help="also time descent / gather / update alone")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile + CUDA graph rows")
+    parser.add_argument("--profile", action="store_true", help="print kernel tables (torch.profiler)")
+    parser.add_argument("--check", action="store_true", help="first compare a small buffer with the CPU")
+    parser.add_argument("--out", default="bench_replay.json")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    args.num_envs = min(args.num_envs, max(1, min(args.capacities) // 64))  # room for episodes
+
+    results = []
+    if args.check and device.type != "cpu":
+        check = check_against_cpu(args, device)
+        print("check against CPU:", check)
+        results.append({"impl": "check against CPU", "capacity": 64 * 40, **check})
+    for capacity in args.capacities:
+        capacity -= capacity % args.num_envs
+        results += bench_fitdqn(args, capacity, device, prioritized=True)
+        if not args.no_uniform:
+            results += bench_fitdqn(args, capacity, device, prioritized=False)
+        if not args.no_torchrl:
+            results += bench_torchrl(args, capacity, device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    print(f"\nreplay sample + priority update, batch {args.batch}, {name}, torch {torch.__version__}")
+    print(f"{'implementation':34} {'mode':11} {'capacity':>10} {'ms/iter':>9} {'samples/s':>14}")
+    for row in results:
+        if "samples_per_s" not in row and "error" not in row:
+            continue
+        if "error" in row:
+            print(f"{row['impl']:34} {row.get('mode', ''):11} {row['capacity']:>10} {'':>9} {row['error']}")
+        else:
+            print(f"{row['impl']:34} {row['mode']:11} {row['capacity']:>10} {row['ms_per_iter']:>9.3f} "
+                  f"{row['samples_per_s']:>14,.0f}")
+    with open(args.out, "w") as handle:
+        json.dump({"device": name, "torch": torch.__version__, "args": vars(args), "results": results},
+                  handle, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

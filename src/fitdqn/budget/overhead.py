@@ -1,0 +1,60 @@
+"""The `cuda_overhead` component: what CUDA and its libraries take besides our own tensors.
+
+- CUDA context: already gone from the probed free memory (probing creates it), so it is counted only for
+  what-if devices, where ``total - free`` is what the user said is in use.
+- cuBLAS and cuBLASLt workspaces: PyTorch allocates one per (handle, stream) through its caching allocator.
+  The size follows PyTorch's rule: ``CUBLAS_WORKSPACE_CONFIG=:SIZE_KIB:COUNT[:SIZE_KIB:COUNT...]`` if set,
+  else ``:4096:8`` on compute capability 9.0 and ``:4096:2:16:8`` elsewhere; cuBLASLt gets the same size
+  (``TORCH_CUBLASLT_WORKSPACE_SIZE`` in KiB overrides it). fitdqn uses ``streams`` streams (the default
+  stream and the CUDA-graph capture stream).
+- Module and kernel images loaded lazily by the driver and not visible to the allocator are measured by
+  ``fitdqn plan --calibrate`` on the real card and can be passed in as ``measured_driver_bytes``.
+
+CUDA-graph pools hold the captured step's own activations: those are the per-sample bytes of the
+networks' components, not a separate constant.
+"""
+
+from __future__ import annotations
+
+import os
+
+from fitdqn.budget.component import Component
+
+DEFAULT_STREAMS = 2
+
+
+def parse_workspace_config(text: str) -> int:
+    """``':4096:8'`` -> 4096 KiB x 8 = 33554432 bytes; pairs add up."""
+    numbers = [int(part) for part in text.split(":") if part.strip()]
+    if len(numbers) % 2:
+        raise ValueError(f"CUBLAS_WORKSPACE_CONFIG {text!r}: expected :SIZE_KIB:COUNT pairs")
+    return sum(size * 1024 * count for size, count in zip(numbers[::2], numbers[1::2], strict=True))
+
+
+def cublas_workspace_bytes(compute_capability: tuple[int, int] | None) -> tuple[int, str]:
+    """Bytes of one cuBLAS workspace, and where that number came from."""
+    configured = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if configured:
+        return parse_workspace_config(configured), f"CUBLAS_WORKSPACE_CONFIG={configured}"
+    hopper = compute_capability == (9, 0)
+    rule = ":4096:8" if hopper else ":4096:2:16:8"
+    return parse_workspace_config(rule), f"PyTorch default {rule} for sm_{'90' if hopper else 'other'}"
+
+
+def cublaslt_workspace_bytes(cublas_bytes: int) -> int:
+    configured = os.environ.get("TORCH_CUBLASLT_WORKSPACE_SIZE")
+    return int(configured) * 1024 if configured else cublas_bytes
+
+
+def cuda_overhead_component(
+    compute_capability: tuple[int, int] | None,
+    streams: int = DEFAULT_STREAMS,
+    measured_driver_bytes: int = 0,
+) -> Component:
+    cublas, source = cublas_workspace_bytes(compute_capability)
+    cublaslt = cublaslt_workspace_bytes(cublas)
+    fixed = streams * (cublas + cublaslt) + measured_driver_bytes
+    derived = f"{streams} streams x (cuBLAS + cuBLASLt workspace, {source})"
+    if measured_driver_bytes:
+        derived += " + driver-side bytes measured by --calibrate"
+    return Component("cuda_overhead", fixed, 0, derived)

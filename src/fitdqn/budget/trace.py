@@ -1,0 +1,347 @@
+"""Activation bytes of a training step, by tracing it on fake tensors (no GPU needed) or measuring it on one.
+
+The step is described by a ``make_step(batch_size, device)`` function. It builds everything the step needs
+on ``device`` (networks, optimizer, whatever persists between steps) and returns the step: a callable that
+makes its batch and runs forward, backward and the optimizer update; or a ``StepSetup(step, groups)`` whose
+``groups`` names the modules whose memory is to be told apart (``{'iqn': [learner.iqn], ...}``). Groups come
+back from ``make_step`` because the modules must be created inside the tracer's fake mode.
+
+``trace_step_memory`` runs ``make_step`` and the step under ``FakeTensorMode``: tensors have shapes, dtypes
+and devices but no memory, so a batch of 16384 for a GPU traces on a laptop in a second. A ``LiveBytes``
+dispatch mode counts every storage as the CUDA caching allocator would (512-byte blocks) and an owner map
+(``attribution.GroupOwner``) charges each to the group running when it was made. The step runs
+``warmup_steps`` times first, so that what persists between steps (Adam moments, gradients kept with
+``set_to_none=False``, cuBLAS workspaces on a real GPU) exists; then the live bytes are the *baseline*, the
+peak is reset, and one more step is traced. ``step_bytes = peak - baseline`` is what the step needs on top
+of what is already allocated, the same quantity ``measure_step_memory`` reads from a real GPU with
+``torch.cuda.max_memory_allocated``.
+
+What a trace cannot see is scratch a CUDA kernel takes inside one op (it never runs the kernel). The
+largest common one, the staging buffer of a reduction over the batch (every Linear's bias gradient), is
+modelled by ``kernel_scratch`` for CUDA targets; the rest (fused attention backward, LayerNorm backward
+partials, cub) is left to ``measure_step_memory`` on the real card.
+
+Fake CUDA tensors need a usable GPU (``fake_device_for``). Without one (a CPU-only PyTorch build, or a
+CUDA build with no visible GPU) the trace runs on fake *CPU* tensors with the same shapes and dtypes,
+under CUDA's autocast precision rules (``cuda_autocast``); ``StepTrace.traced_device`` and ``note`` say so.
+What still differs there: ops that pick a kernel by device (scaled_dot_product_attention: flash/efficient
+save a logsumexp, the math path the attention weights) and the optimizer's default implementation (pass
+``foreach=True`` or ``fused=True`` to get the GPU's temporaries). Autocast must be written
+``torch.autocast(device.type, ...)`` with the device ``make_step`` is given: PyTorch disables
+``torch.autocast('cuda')`` on a machine without CUDA with only a warning, which would trace a bf16 step in
+fp32, so the tracer raises ``AutocastUnavailable`` instead.
+
+Modules must be built with ``device=``/``dtype=`` factory arguments (or under ``with device:``), not moved
+with ``Module.to``/``.cuda()``/``.half()``: under ``FakeTensorMode`` those fail in torch 2.10-2.13
+("_apply(): Couldn't swap Linear.weight", pytorch issue 148977). The tracer runs ``make_step`` and the step
+under ``with device:`` so tensors made without a device land on it.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from fitdqn.budget.attribution import GroupOwner
+from fitdqn.budget.cuda_autocast import CudaAutocastOnCpu
+from fitdqn.budget.kernel_scratch import CudaShape, cuda_kernel_scratch
+from fitdqn.budget.live_bytes import LiveBytes, LiveStorage, large_blocks
+
+
+class StepSetup(NamedTuple):
+    """What ``make_step`` may return: the step and the groups of modules to attribute memory to."""
+
+    step: Callable[[], Any]
+    groups: dict[str, list[nn.Module]] | None = None
+
+
+MakeStep = Callable[[int, torch.device], "StepSetup | Callable[[], Any]"]
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """Bytes of one traced step. ``*_by_group`` dicts sum exactly to the total next to them."""
+
+    batch_size: int
+    target_device: str  # the device the step is planned for, e.g. 'cuda'
+    traced_device: str  # the fake device it ran on: the target, or 'cpu' where no GPU is usable
+    baseline_bytes: int  # live before the step: parameters, optimizer state, anything kept between steps
+    peak_bytes: int  # highest live bytes during the step (includes the baseline)
+    baseline_by_group: dict[str, int]
+    peak_by_group: dict[str, int]
+    peak_op: str  # the op whose output made the peak
+    large_blocks_at_peak: int  # live blocks > 1 MiB at the peak: each may be up to 1 MiB bigger on a GPU
+    scratch_at_peak: int  # modelled kernel scratch inside the peak (kernel_scratch), 0 if none
+    allocations: int  # storages made during the traced step
+    peak_storages: list[LiveStorage] = field(repr=False, default_factory=list)
+    note: str = ""
+
+    @property
+    def step_bytes(self) -> int:
+        """Bytes the step needs above the baseline (what the planner budgets for the step)."""
+        return self.peak_bytes - self.baseline_bytes
+
+    @property
+    def step_by_group(self) -> dict[str, int]:
+        names = set(self.peak_by_group) | set(self.baseline_by_group)
+        return {name: self.peak_by_group.get(name, 0) - self.baseline_by_group.get(name, 0)
+                for name in sorted(names)}
+
+
+def fake_device_for(target: torch.device | str) -> tuple[torch.device, str]:
+    """The device to build fake tensors on for ``target``, and a note when it is a stand-in.
+
+    Fake CUDA tensors need a usable GPU: on a CPU-only build the bindings of ``copy_``, indexing and
+    ``Module.to`` fail for want of a CUDA device guard, and on a CUDA build with no visible GPU the autograd
+    engine fails in backward ("hasPrimaryContext expects a valid device index"). Without one: fake CPU.
+    """
+    target = torch.device(target)
+    if target.type == "cuda" and not torch.cuda.is_available():
+        return torch.device("cpu"), "traced on fake CPU tensors (no usable GPU here), CUDA autocast rules"
+    if target.type == "cuda" and target.index is None:
+        target = torch.device("cuda", 0)
+    return target, ""
+
+
+def trace_step_memory(
+    make_step: MakeStep,
+    batch_size: int,
+    device: torch.device | str = "cuda",
+    warmup_steps: int = 1,
+    fake_device: torch.device | str | None = None,
+    cuda_shape: CudaShape | None = None,
+) -> StepTrace:
+    """Trace one training step at ``batch_size`` on fake tensors and report its live bytes (module docstring).
+
+    ``fake_device`` forces the device the fake tensors live on (default: ``fake_device_for(device)``).
+    For a CUDA target the modelled kernel scratch (``kernel_scratch``) joins the peak; ``cuda_shape`` gives
+    the target's SM count for it (default: this machine's GPU if it has one, else no SM cap: an upper bound).
+    Parameters and gradients of each group's modules count toward that group's baseline; optimizer state,
+    and everything else made by ``make_step`` or kept between steps, toward ``'other'``.
+    """
+    target = torch.device(device)
+    if fake_device is None:
+        traced, note = fake_device_for(target)
+    else:
+        traced = torch.device(fake_device)
+        note = "" if traced.type == target.type else f"traced on fake {traced.type} tensors (forced)"
+    scratch = None
+    if target.type == "cuda":
+        if cuda_shape is None:
+            cuda_shape = CudaShape.of_current_device() if torch.cuda.is_available() else CudaShape()
+        scratch = partial(cuda_kernel_scratch, device=cuda_shape)
+    owner = GroupOwner()
+    tracker = LiveBytes(traced.type, owner.owner, owner.in_backward, scratch)
+    try:
+        return _trace_on_fake(make_step, batch_size, target, traced, note, warmup_steps, owner, tracker)
+    except UserWarning as warning:
+        if "autocast" not in str(warning):
+            raise
+        raise AutocastUnavailable(
+            f"the step turned on autocast for a device type this trace cannot run ({warning}); traced on "
+            f"fake {traced.type} tensors: write torch.autocast(device.type, ...) with the device make_step "
+            "is given") from warning
+    finally:
+        tracker.detach_finalizers()
+
+
+class AutocastUnavailable(RuntimeError):
+    """The step asked for autocast on a device type PyTorch disables here (it would trace in fp32)."""
+
+
+def _trace_on_fake(make_step: MakeStep, batch_size: int, target: torch.device, traced: torch.device,
+                   note: str, warmup_steps: int, owner: GroupOwner, tracker: LiveBytes) -> StepTrace:
+    """Build, warm up, take the baseline, trace one step; everything fake and on ``traced``."""
+    emulate = CudaAutocastOnCpu() if target.type == "cuda" and traced.type == "cpu" else nullcontext()
+    with FakeTensorMode(), traced, emulate, warnings.catch_warnings(), owner.active(), tracker:
+        # PyTorch disables autocast with only a warning when the device type is not available
+        warnings.filterwarnings("error", message=".*[Dd]isabling autocast.*")
+        setup = _as_setup(make_step(batch_size, traced))
+        owner.attach(setup.groups)
+        for _ in range(warmup_steps):
+            _run(setup.step)
+        _charge_parameters(tracker, setup.groups)
+        baseline_by_group = tracker.snapshot_by_group()
+        baseline = tracker.live_bytes
+        tracker.reset_peak()
+        allocations = tracker.allocations
+        _run(setup.step)
+        return StepTrace(
+            batch_size=batch_size,
+            target_device=str(target),
+            traced_device=str(traced),
+            baseline_bytes=baseline,
+            peak_bytes=tracker.peak_bytes,
+            baseline_by_group=baseline_by_group,
+            peak_by_group={name: count for name, count in tracker.peak_by_group.items() if count},
+            peak_op=tracker.peak_op,
+            large_blocks_at_peak=large_blocks(tracker.peak_storages),
+            scratch_at_peak=tracker.scratch_at_peak,
+            allocations=tracker.allocations - allocations,
+            peak_storages=tracker.peak_storages,
+            note=note,
+        )
+
+
+def _as_setup(made: StepSetup | Callable[[], Any]) -> StepSetup:
+    if isinstance(made, tuple) and len(made) == 2:
+        step, groups = made
+        return StepSetup(step, dict(groups or {}))
+    if callable(made):
+        return StepSetup(made, {})
+    raise TypeError(f"make_step must return a callable or StepSetup(step, groups), not {type(made).__name__}")
+
+
+def _run(step: Callable[[], Any]) -> None:
+    """Run the step and drop what it returns, then collect garbage cycles so frees are not left pending."""
+    step()
+    gc.collect()
+
+
+def _charge_parameters(tracker: LiveBytes, groups: dict[str, list[nn.Module]]) -> None:
+    """Parameters, their gradients and buffers belong to their module's group, wherever they were made."""
+    for name, modules in groups.items():
+        for module in modules:
+            for tensor in [*module.parameters(), *module.buffers()]:
+                tracker.recharge(tensor, name)
+                if tensor.grad is not None:
+                    tracker.recharge(tensor.grad, name)
+
+
+class StepFit(NamedTuple):
+    """Step bytes as ``fixed + per_sample * batch``, fitted through two traces (first three fields as asked).
+
+    ``per_sample_bytes`` is rounded up, and ``fixed_step_bytes`` set so the line passes exactly through the
+    smaller batch's trace: the fit is exact there and high by less than a byte per sample above it. Per group
+    likewise (so the groups' per-sample bytes may sum to a few bytes more than the total's).
+    """
+
+    fixed_step_bytes: int
+    per_sample_bytes: int
+    per_group_per_sample: dict[str, int]
+    per_group_fixed: dict[str, int]
+    traces: tuple[StepTrace, StepTrace]
+
+    def step_bytes_at(self, batch_size: int) -> int:
+        return self.fixed_step_bytes + self.per_sample_bytes * batch_size
+
+
+def fit_line(small: tuple[int, int], large: tuple[int, int]) -> tuple[int, int]:
+    """(fixed, per_sample) of the line through (batch, bytes) points, slope rounded up, exact at ``small``."""
+    (b1, y1), (b2, y2) = small, large
+    if b2 <= b1:
+        raise ValueError(f"batches must grow: got {b1} then {b2}")
+    per_sample = math.ceil((y2 - y1) / (b2 - b1))
+    return y1 - per_sample * b1, per_sample
+
+
+def per_sample_bytes(
+    make_step: MakeStep,
+    batches: tuple[int, int] = (1024, 2048),
+    device: torch.device | str = "cuda",
+    **trace_options: Any,
+) -> StepFit:
+    """Trace at two batch sizes: per-sample = (step2 - step1) / (b2 - b1), fixed = step1 - per-sample * b1.
+
+    Bytes are the step's own (``StepTrace.step_bytes``, above the baseline). The peak of a step is the
+    largest of several phases (end of forward, inside backward, optimizer update), each linear in the batch
+    with its own slope; pick batches in the range that will be planned, where activations dominate, and
+    check the line with ``check_linearity``.
+    """
+    b1, b2 = sorted(batches)
+    first = trace_step_memory(make_step, b1, device, **trace_options)
+    second = trace_step_memory(make_step, b2, device, **trace_options)
+    fixed, per_sample = fit_line((b1, first.step_bytes), (b2, second.step_bytes))
+    group_fixed: dict[str, int] = {}
+    group_per_sample: dict[str, int] = {}
+    steps1, steps2 = first.step_by_group, second.step_by_group
+    for name in sorted(set(steps1) | set(steps2)):
+        group_fixed[name], group_per_sample[name] = fit_line(
+            (b1, steps1.get(name, 0)), (b2, steps2.get(name, 0)))
+    return StepFit(fixed, per_sample, group_per_sample, group_fixed, (first, second))
+
+
+@dataclass(frozen=True)
+class Linearity:
+    """A line fitted at two batches against a trace at a third."""
+
+    fit: StepFit
+    batch_size: int
+    predicted_bytes: int
+    traced_bytes: int
+
+    @property
+    def relative_error(self) -> float:
+        return (self.predicted_bytes - self.traced_bytes) / max(self.traced_bytes, 1)
+
+    def holds(self, tolerance: float = 0.01) -> bool:
+        return abs(self.relative_error) <= tolerance
+
+
+def check_linearity(
+    make_step: MakeStep,
+    batches: Sequence[int] = (1024, 2048, 4096),
+    device: torch.device | str = "cuda",
+    **trace_options: Any,
+) -> Linearity:
+    """Fit through the first two batches, trace the third, and compare (``Linearity.holds``)."""
+    b1, b2, b3 = batches
+    fit = per_sample_bytes(make_step, (b1, b2), device, **trace_options)
+    third = trace_step_memory(make_step, b3, device, **trace_options)
+    return Linearity(fit, b3, fit.step_bytes_at(b3), third.step_bytes)
+
+
+class NoCudaDevice(RuntimeError):
+    """``measure_step_memory`` needs a real CUDA device; this machine has none (trace instead)."""
+
+
+def measure_step_memory(
+    make_step: MakeStep,
+    batch_size: int,
+    device: torch.device | str = "cuda",
+    warmup_steps: int = 1,
+) -> int:
+    """Bytes one real step allocates above what was allocated before it, on a real CUDA device.
+
+    Same protocol as ``trace_step_memory``: build, run ``warmup_steps`` steps, then
+    ``torch.cuda.max_memory_allocated() - memory_allocated_before`` around one more step (host syncs: the
+    ``torch.cuda.synchronize`` calls). Raises ``NoCudaDevice`` on a machine without one.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise NoCudaDevice(f"cannot measure a step on {device}: no CUDA device here "
+                           "(torch.cuda.is_available() is False); use trace_step_memory")
+    with device:
+        setup = _as_setup(make_step(batch_size, device))
+        for _ in range(warmup_steps):
+            _run(setup.step)
+        torch.cuda.synchronize(device)  # host sync: the warm-up's frees are done
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        _run(setup.step)
+        torch.cuda.synchronize(device)  # host sync: read the peak after the step
+        return torch.cuda.max_memory_allocated(device) - before
+
+
+def describe(trace: StepTrace, top: int = 8) -> str:
+    """A few lines for people: totals, groups, the biggest storages live at the peak."""
+    lines = [f"batch {trace.batch_size} on {trace.target_device} (traced on {trace.traced_device}): "
+             f"baseline {trace.baseline_bytes} B, peak {trace.peak_bytes} B, step {trace.step_bytes} B "
+             f"at {trace.peak_op}"]
+    lines += [f"  {name:12s} step {count:>12d} B" for name, count in trace.step_by_group.items()]
+    for record in sorted(trace.peak_storages, key=lambda r: -r.nbytes)[:top]:
+        lines.append(f"  {record.nbytes:>12d} B {record.group:10s} {record.phase:8s} "
+                     f"{str(record.dtype):15s} {list(record.shape)} <- {record.op}")
+    if trace.note:
+        lines.append(f"  note: {trace.note}")
+    return "\n".join(lines)

@@ -1,0 +1,209 @@
+"""The learner: online + target Q networks, the IQL value net, one Adam, and the single update function.
+
+``Learner.update(batch)`` is one pure, capturable step (no ``.item()``, no host sync, no Python branch on a
+tensor value; every Python branch is on the config). It runs eagerly (the reference) and inside a CUDA
+graph (``fitdqn.learn.graph.capture_update``, the fast path).
+
+What one update does, in order:
+
+1. Targets, under ``no_grad`` (nothing kept for backward):
+   - double DQN: the online net's C51 means on ``next_obs`` pick ``a*`` per branch; the target net gives
+     the C51 distribution of ``a*`` on ``next_obs``, projected onto the support after ``r + discount * z``
+     (``discount = gamma^m (1 - terminal)``, the n-step return comes in the batch);
+   - IQN: the target net's quantiles of the same ``a*`` at N' fresh levels, ``r + discount * theta_j``;
+   - IQL: the target net's C51 mean Q(s, a) of the taken actions, *averaged over branches* (every branch's
+     Q estimates the same return in the branching architecture, so the average is the natural V target);
+   - ``learn.iql_in_target``: V(s') replaces the bootstrap value in the TD target. Distributional targets
+     keep their shape and are shifted so their mean is V(s'): C51 by adding ``discount * (V(s') - mean)``
+     to the reward before projection, IQN by shifting the target quantiles by ``V(s') - mean_j theta_j``.
+2. Losses on ``obs`` (one forward of the online trunk; C51 and IQN share its features):
+   - C51: cross-entropy of the projected target against the taken sub-action's distribution, per branch,
+     averaged over branches -> ``[B]``;
+   - IQN: quantile Huber (kappa) of the taken sub-actions at N levels vs the N' targets, per branch,
+     averaged over branches -> ``[B]``;
+   - IQL: expectile regression (``learn.iql_expectile``) of V(s) (last token = current bar) -> ``[B]``.
+   ``loss = mean_B(weight * (c51 + iqn_loss_weight * iqn + iql_loss_weight * iql))``; the importance weights
+   apply to all three (prioritised sampling biases all of them). ``c51_loss``, ``iqn_loss``, ``iql_loss`` are
+   the weighted means of each part.
+3. New priorities ``[B]`` = the per-sample C51 cross-entropy averaged over branches (Rainbow's choice: the
+   distributional analogue of |TD|), before ``^alpha``.
+4. Gradient-norm clip (``learn.grad_clip``; ``grad_norm`` is the norm before clipping), one Adam step over
+   all trainable parameters (online Q net + V net), the step counter, then the target update
+   (:mod:`fitdqn.learn.target`).
+
+Gradients are allocated once at construction and zeroed in place each update (so they sit at fixed
+addresses for graph capture and count as fixed memory, not activations); Adam's state is initialised at
+construction too, for the same reasons.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fitdqn.config import Config
+from fitdqn.learn.act import select_actions
+from fitdqn.learn.losses import categorical_projection, expectile_loss, quantile_huber_loss
+from fitdqn.learn.precision import autocast, autocast_dtype
+from fitdqn.learn.target import target_weight, update_target
+from fitdqn.nets.iql import ValueNet
+from fitdqn.nets.qnet import QNetwork
+
+BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
+OUTPUT_KEYS = ("loss", "c51_loss", "iqn_loss", "iql_loss", "priorities", "q_mean", "v_mean", "grad_norm")
+
+
+class Learner:
+    """Online and target Q networks, V(s), one Adam; ``update`` and ``act``."""
+
+    def __init__(self, config: Config, state_dim: int, device: torch.device | str = "cpu") -> None:
+        self.config = config
+        self.net_config, self.learn_config = config.net, config.learn
+        self.device = torch.device(device)
+        self.state_dim = state_dim
+        with self.device:  # built in place on the device (no .to(): also works under FakeTensorMode)
+            self.online = QNetwork(config.net, state_dim)
+            self.target = QNetwork(config.net, state_dim).requires_grad_(False)
+            self.target.load_state_dict(self.online.state_dict())  # a copy (deepcopy breaks fake tensors)
+            self.value = ValueNet(state_dim, config.net.iql_hidden)
+        self.params = [*self.online.parameters(), *self.value.parameters()]
+        self.online_params = list(self.online.parameters())
+        self.target_params = list(self.target.parameters())
+        self.autocast_dtype = autocast_dtype(self.learn_config.precision, self.device)
+        cuda = self.device.type == "cuda"
+        self.optimizer = torch.optim.Adam(
+            self.params, lr=self.learn_config.lr, eps=self.learn_config.adam_eps, capturable=cuda, foreach=True
+        )
+        self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # updates done
+        self._init_grads_and_optimizer()
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One gradient step. ``batch`` keys: ``BATCH_KEYS`` (docs/DESIGN.md); returns ``OUTPUT_KEYS``."""
+        cfg = self.learn_config
+        obs, action, weight = batch["obs"], batch["action"], batch["weight"]  # [B, W, S], [B, br], [B]
+        self.optimizer.zero_grad(set_to_none=False)
+        with autocast(self.device, self.autocast_dtype):
+            c51_target, iqn_target, v_target = self._targets(batch)  # [B, br, A], [B, N', br], [B]
+            features = self.online.features(obs)  # [B, d]
+            logits = self.online.c51_logits(features)  # [B, br, n, A]
+            logits = _take_atoms(logits, action)  # [B, br, A]
+            log_probs = torch.log_softmax(logits.float(), dim=-1)  # [B, br, A]
+            cross_entropy = -(c51_target * log_probs).sum(-1)  # [B, br]
+            c51 = cross_entropy.mean(-1)  # [B]
+            taus = torch.rand(obs.shape[0], self.net_config.iqn_quantiles, device=self.device)  # [B, N]
+            quantiles = _take_quantiles(self.online.quantiles(features, taus), action)  # [B, N, br]
+            iqn = quantile_huber_loss(quantiles, iqn_target, taus, cfg.kappa)  # [B]
+            v = self.value(obs[:, -1])  # [B]
+            iql = expectile_loss(v_target - v, cfg.iql_expectile)  # [B]
+            c51_loss = (weight * c51).mean()
+            iqn_loss = (weight * iqn).mean()
+            iql_loss = (weight * iql).mean()
+            loss = c51_loss + cfg.iqn_loss_weight * iqn_loss + cfg.iql_loss_weight * iql_loss
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
+        self.optimizer.step()
+        self.step.add_(1)
+        update_target(self.target_params, self.online_params,
+                      target_weight(self.step, cfg.target_update, cfg.target_tau, cfg.target_period))
+        with torch.no_grad():
+            q_mean = (log_probs.exp() * self.online.support).sum(-1).mean()  # taken actions, all branches
+        return {
+            "loss": loss.detach(),
+            "c51_loss": c51_loss.detach(),
+            "iqn_loss": iqn_loss.detach(),
+            "iql_loss": iql_loss.detach(),
+            "priorities": cross_entropy.detach().mean(-1),  # [B]
+            "q_mean": q_mean,
+            "v_mean": v.detach().mean(),
+            "grad_norm": grad_norm.detach(),
+        }
+
+    @torch.no_grad()
+    def _targets(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        obs, next_obs = batch["obs"], batch["next_obs"]  # [B, W, S]
+        reward, discount, action = batch["reward"], batch["discount"], batch["action"]  # [B], [B], [B, br]
+        size = obs.shape[0]
+        online, target = self.online, self.target
+        best = online.greedy(online.q_values(online.c51_logits(online.features(next_obs))))  # [B, br]
+        both = target.features(torch.cat([obs, next_obs]))  # [2B, d]: one pass over s and s'
+        target_logits = target.c51_logits(both)  # [2B, br, n, A]
+        v_target = target.q_values(_take_atoms(target_logits[:size], action)).mean(-1)  # [B]
+        next_probs = torch.softmax(_take_atoms(target_logits[size:], best).float(), dim=-1)  # [B, br, A]
+        taus = torch.rand(size, self.net_config.iqn_quantiles, device=self.device)  # [B, N']
+        next_quantiles = _take_quantiles(target.quantiles(both[size:], taus), best)  # [B, N', br]
+        rewards = reward  # [B] (or [B, br] below)
+        if self.learn_config.iql_in_target:
+            next_q = (next_probs * target.support).sum(-1)  # [B, br]
+            v_next = self.value(next_obs[:, -1]).unsqueeze(-1)  # [B, 1]
+            rewards = reward.unsqueeze(-1) + discount.unsqueeze(-1) * (v_next - next_q)  # target mean r + d V(s')
+            next_quantiles = next_quantiles + (v_next - next_quantiles.mean(1)).unsqueeze(1)
+        c51_target = categorical_projection(next_probs, rewards, discount, target.support)  # [B, br, A]
+        iqn_target = reward.view(-1, 1, 1) + discount.view(-1, 1, 1) * next_quantiles  # [B, N', br]
+        return c51_target, iqn_target, v_target
+
+    # ------------------------------------------------------------------ acting
+
+    def act(self, obs: torch.Tensor, epsilon: torch.Tensor, generator: torch.Generator | None = None
+            ) -> torch.Tensor:
+        """``obs [E, W, S]``, ``epsilon`` float tensor -> ``[E, branches]`` int64 (learn.risk decides)."""
+        cfg = self.learn_config
+        with autocast(self.device, self.autocast_dtype):
+            return select_actions(self.online, obs, epsilon, cfg.risk, cfg.cvar_alpha,
+                                  self.net_config.iqn_act_quantiles, generator)
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nets, target, optimizer and step counter. Like ``nn.Module.state_dict`` it holds references to the
+        live tensors: ``torch.save`` it, or deep-copy it for an in-memory snapshot."""
+        return {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "value": self.value.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Copy a state in place: every tensor keeps its address, so a captured update graph stays valid."""
+        self.online.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.value.load_state_dict(state["value"])
+        own = self.optimizer.state_dict()
+        loaded = state["optimizer"]
+        if len(own["param_groups"]) != len(loaded["param_groups"]) or set(own["state"]) != set(loaded["state"]):
+            raise ValueError("optimizer state does not match this learner's parameters")
+        with torch.no_grad():
+            for index, slots in own["state"].items():
+                for key, tensor in slots.items():
+                    tensor.copy_(loaded["state"][index][key])
+        for group, loaded_group in zip(self.optimizer.param_groups, loaded["param_groups"], strict=True):
+            for key, value in loaded_group.items():
+                if key != "params":
+                    group[key] = value
+        self.step.copy_(state["step"])
+
+    # ------------------------------------------------------------------ setup
+
+    def _init_grads_and_optimizer(self) -> None:
+        """Allocate gradients and Adam state now (fixed memory, fixed addresses), leaving Adam at step 0."""
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()  # zero gradients: moments stay 0 and parameters do not move
+        for slots in self.optimizer.state.values():
+            slots["step"].zero_()
+
+
+def _take_atoms(logits: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """The taken sub-action per branch: ``logits [B, br, n, A]``, ``action [B, br]`` -> ``[B, br, A]``."""
+    index = action.unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, logits.shape[-1])  # [B, br, 1, A]
+    return logits.gather(2, index).squeeze(2)
+
+
+def _take_quantiles(values: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """``values [B, N, br, n]``, ``action [B, br]`` -> ``[B, N, br]``."""
+    index = action.unsqueeze(1).unsqueeze(-1).expand(-1, values.shape[1], -1, 1)  # [B, N, br, 1]
+    return values.gather(3, index).squeeze(3)

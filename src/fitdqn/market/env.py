@@ -1,0 +1,679 @@
+"""The vectorised futures environment: E episodes stepped together as tensor ops on the device.
+
+One step = one decision at the close of bar ``t`` for every env, made of three sub-actions (action branching):
+
+* branch 0, target position: index i -> ``round((i - c) * max_contracts / c)`` contracts, ``c = (n - 1) / 2``
+  (``net.branches[0] = 5``, ``max_contracts = 2``: -2, -1, 0, +1, +2);
+* branch 1, protective stop: none, 1, 1.5, 2 or 3 x ATR(14) of bar t (:data:`STOP_ATR`);
+* branch 2, take-profit: none, 1, 2, 3 or 5 x ATR(14) of bar t (:data:`TAKE_PROFIT_ATR`).
+
+Execution on bar ``t + 1`` (all prices in points, ``slip = slippage_ticks x tick_size``):
+
+1. the position held since the close of bar t is marked to bar t+1's open (the overnight gap);
+2. the position moves to the target at the open: ``|target - held|`` contracts fill at ``open +- slip``
+   and pay ``commission`` each;
+3. a bracket is placed around the open for the rest of the bar: stop ``open -+ k_stop x ATR_t`` and target
+   ``open +- k_take x ATR_t`` (rounded to the tick; none when k = 0). A long stops out when the low reaches
+   the stop, takes profit when the high reaches the target (shorts mirrored); when both are touched in the
+   same bar the **stop is assumed hit first**. A stop fills at the stop price with slippage (it becomes a
+   market order), a take-profit at its limit price without slippage; both pay commission. The position is
+   then flat until the next decision;
+4. otherwise the position is marked to bar t+1's close.
+
+The bracket is re-placed at every decision (relative to that bar's open), so choosing the same stop every
+step is a stop that trails by whole bars. Reward = net P&L of the step in currency x ``market.reward_scale``
+(no goal bonus: :meth:`FuturesEnv.goal_reward` is added by the replay at sample time).
+
+Episodes are ``market.episode_length`` decisions from a random start bar in the split (start >= the feature
+warm-up and >= ``window - 1``; start + episode_length <= the split's last bar). The last step liquidates any
+position at bar t+1's close (slippage + commission), so an episode's reward is its full net P&L; it is flagged
+terminal and last (the state carries the fraction of the episode left, so the end is part of the state).
+Finished episodes reset inside :meth:`FuturesEnv.step` (static shapes, no host sync, no Python branch on a
+tensor value: capturable in a CUDA graph; register ``env.generator`` with the graph,
+``graph.register_generator_state(env.generator)``, when the graph is replayed more than once).
+
+Goals (for HER): each episode draws a target cumulative reward uniformly in ``goal_range`` (default
+``[0, goal_unit x sqrt(episode_length)]`` with ``goal_unit`` = the training split's median ATR in currency
+for one contract x reward_scale); the agent sees it in the state (:data:`GOAL_COLUMN`); the bonus
+``goal_reward`` is ``goal_unit`` when the episode's cumulative reward crosses the goal upwards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from fitdqn.budget.component import tensor_bytes
+from fitdqn.errors import UserError
+from fitdqn.market.contract import ContractSpec
+from fitdqn.market.data import Split
+from fitdqn.market.features import NUM_FEATURES
+from fitdqn.market.loader import Market, load_market
+from fitdqn.market.observation import build_observation
+from fitdqn.replay.spec import FieldSpec
+
+AGENT_FIELDS: tuple[str, ...] = (
+    "position",  # contracts held / max_contracts, in [-1, 1]
+    "unrealised_pnl",  # open P&L in currency x reward_scale (marked at the close)
+    "time_in_trade",  # steps since the position was opened / episode_length
+    "stop_distance",  # ATR multiple of the last stop chosen / max(STOP_ATR) (0 = none)
+    "take_profit_distance",  # ATR multiple of the last take-profit chosen / max(TAKE_PROFIT_ATR)
+    "goal",  # the episode's target cumulative reward (reward units)
+    "achieved",  # the episode's cumulative reward so far (reward units)
+    "episode_left",  # fraction of the episode's steps still to come, 1 -> 0
+)
+NUM_AGENT_FIELDS = len(AGENT_FIELDS)  # Fa
+GOAL_COLUMN = AGENT_FIELDS.index("goal")
+ACHIEVED_COLUMN = AGENT_FIELDS.index("achieved")
+STATE_DIM = NUM_FEATURES + NUM_AGENT_FIELDS  # S = Fm + Fa
+assert STATE_DIM == 80, "DESIGN.md: the state is 80 wide (Fm = 80 - Fa)"
+
+STOP_ATR: tuple[float, ...] = (0.0, 1.0, 1.5, 2.0, 3.0)  # branch 1 (0 = no stop)
+TAKE_PROFIT_ATR: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 5.0)  # branch 2 (0 = no take-profit)
+NUM_BRANCHES = 3
+
+TERMINAL = 1  # flags bit 0: no bootstrap past this step
+LAST = 2  # flags bit 1: last step of the episode
+
+EXIT_NONE, EXIT_STOP, EXIT_TAKE_PROFIT, EXIT_EPISODE_END = 0, 1, 2, 3
+
+
+def position_levels(levels: int, max_contracts: int) -> list[float]:
+    """Contracts for each index of branch 0: ``levels`` (odd) values from -max to +max."""
+    if levels < 3 or levels % 2 == 0:
+        raise UserError(f"net.branches[0] must be odd and >= 3 (target positions -max..+max), got {levels}")
+    if max_contracts < 1:
+        raise UserError(f"market.max_contracts must be at least 1, got {max_contracts}")
+    centre = (levels - 1) // 2
+    return [float(round((i - centre) * max_contracts / centre)) for i in range(levels)]
+
+
+def check_branches(branches: Sequence[int]) -> None:
+    branches = tuple(branches)
+    if len(branches) != NUM_BRANCHES or branches[1] != len(STOP_ATR) or branches[2] != len(TAKE_PROFIT_ATR):
+        raise UserError(
+            f"net.branches = {branches}: the futures env has 3 branches (target position, stop, take-profit) "
+            f"with {len(STOP_ATR)} stop and {len(TAKE_PROFIT_ATR)} take-profit choices; use (5, 5, 5) or "
+            "(n, 5, 5)"
+        )
+
+
+def transition_spec() -> dict[str, FieldSpec]:
+    """The transition fields the env writes (DESIGN.md), one row per env per step."""
+    return {
+        "bar": FieldSpec((), torch.int32),
+        "agent": FieldSpec((NUM_AGENT_FIELDS,), torch.float32),
+        "action": FieldSpec((NUM_BRANCHES,), torch.uint8),
+        "reward": FieldSpec((), torch.float32),
+        "achieved": FieldSpec((), torch.float32),
+        "next_agent": FieldSpec((NUM_AGENT_FIELDS,), torch.float32),
+        "episode_step": FieldSpec((), torch.int32),
+        "flags": FieldSpec((), torch.uint8),
+    }
+
+
+def state_shapes(num_envs: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The env's persistent per-episode tensors: name -> (shape, dtype). Allocation and byte counts use it."""
+    E = int(num_envs)
+    f32 = torch.float32
+    return {
+        "bar": ((E,), torch.int64),  # decision bar (the obs window ends here)
+        "episode_step": ((E,), torch.int64),
+        "position": ((E,), f32),  # contracts held at the close of `bar`
+        "entry_price": ((E,), f32),  # average fill price of the open position (0 when flat)
+        "time_in_trade": ((E,), f32),  # steps
+        "stop_k": ((E,), f32),  # last stop ATR multiple chosen
+        "take_k": ((E,), f32),  # last take-profit ATR multiple chosen
+        "goal": ((E,), f32),
+        "achieved": ((E,), f32),
+        "agent": ((E, NUM_AGENT_FIELDS), f32),  # the agent state at `bar` (built from the above)
+    }
+
+
+def env_state_bytes(num_envs: int) -> int:
+    """Device bytes of the persistent env state for ``num_envs`` episodes (market tensors not included:
+    see :func:`fitdqn.market.loader.market_bytes`)."""
+    return sum(tensor_bytes(shape, dtype) for shape, dtype in state_shapes(num_envs).values())
+
+
+def typical_atr(atr: Tensor, start: int, stop: int) -> float:
+    """Median ATR (points) over bars ``[start, stop)``; host sync."""
+    span = atr[start:stop]
+    return float(span.median()) if span.numel() else 1.0
+
+
+def market_goal_unit(market: Market, window: int, reward_scale: float) -> float:
+    """The goal unit of every env on ``market``: the training split's median ATR for one contract in reward
+    units (so train, validation and test envs share one goal scale and one HER bonus)."""
+    train = market.split("train")
+    atr = typical_atr(market.atr, market.first_bar(train, window), train.stop)
+    return atr * market.contract.multiplier * reward_scale
+
+
+class FuturesEnv:
+    """E futures-trading episodes on one device; all state is tensors updated in place.
+
+    The core constructor takes the device tensors directly (``prices [T, 4]`` open/high/low/close,
+    ``atr [T]`` in points, ``features [T, Fm]``) and the bar range ``[first_bar, stop_bar)`` episodes live in
+    (decisions at ``first_bar .. stop_bar - 2``, fills up to ``stop_bar - 1``). Use :meth:`from_market` or
+    :meth:`from_config` for real data. ``sequential=True`` (backtests) starts the first episode of every env
+    at ``first_bar`` and each next one where the previous ended, wrapping to ``first_bar`` at the split end.
+    """
+
+    def __init__(
+        self,
+        prices: Tensor,
+        atr: Tensor,
+        features: Tensor,
+        contract: ContractSpec,
+        *,
+        first_bar: int,
+        stop_bar: int | None = None,
+        num_envs: int = 1,
+        window: int = 8,
+        episode_length: int = 256,
+        max_contracts: int = 2,
+        reward_scale: float = 1e-3,
+        branches: Sequence[int] = (5, 5, 5),
+        seed: int = 0,
+        sequential: bool = False,
+        goal_range: tuple[float, float] | None = None,
+        goal_unit: float | None = None,
+        device=None,
+    ) -> None:
+        device = torch.device(device) if device is not None else features.device
+        T = int(prices.shape[0])
+        stop_bar = T if stop_bar is None else int(stop_bar)
+        check_branches(branches)
+        if num_envs < 1 or episode_length < 1 or window < 1:
+            raise UserError("num_envs, episode_length and window must all be at least 1")
+        if tuple(prices.shape) != (T, 4) or tuple(atr.shape) != (T,) or features.shape[0] != T:
+            raise ValueError(
+                f"prices [T, 4], atr [T], features [T, Fm] disagree: {prices.shape}, {atr.shape}, "
+                f"{features.shape}"
+            )
+        if first_bar < window - 1:
+            raise UserError(
+                f"first_bar {first_bar} < window - 1 = {window - 1}: the first obs window would "
+                "start before bar 0"
+            )
+        if not 0 < stop_bar <= T:
+            raise ValueError(f"stop_bar {stop_bar} outside 1..{T}")
+        self.last_bar = stop_bar - 1  # the last bar a fill can happen on
+        if sequential:
+            if self.last_bar <= first_bar:
+                raise UserError(f"bars {first_bar}..{stop_bar - 1}: nothing to trade (need at least 2 bars)")
+            last_start = first_bar
+        else:
+            last_start = self.last_bar - episode_length
+            if last_start < first_bar:
+                raise UserError(
+                    f"bars {first_bar}..{stop_bar - 1} ({stop_bar - first_bar} after the warm-up) "
+                    f"cannot hold an episode of {episode_length} steps (needs {episode_length + 1} bars); "
+                    "lower market.episode_length or give more bars"
+                )
+        self.device = device
+        self.num_envs = int(num_envs)
+        self.window = int(window)
+        self.episode_length = int(episode_length)
+        self.max_contracts = int(max_contracts)
+        self.reward_scale = float(reward_scale)
+        self.sequential = bool(sequential)
+        self.contract = contract
+        self.first_bar = int(first_bar)
+        self.stop_bar = stop_bar
+        self.num_starts = last_start - self.first_bar + 1
+        self.multiplier = float(contract.multiplier)
+        self.tick = float(contract.tick_size)
+        self.slip = float(contract.slippage)  # points per contract on market/stop fills
+        self.commission = float(contract.commission)
+
+        self.prices = prices.to(device=device, dtype=torch.float32).contiguous()  # [T, 4]
+        self.atr = atr.to(device=device, dtype=torch.float32).contiguous()  # [T]
+        self.features = features.to(device=device, dtype=torch.float32).contiguous()  # [T, Fm]
+        self.position_levels = torch.tensor(position_levels(branches[0], max_contracts), device=device)
+        self.stop_levels = torch.tensor(STOP_ATR, device=device)
+        self.take_levels = torch.tensor(TAKE_PROFIT_ATR, device=device)
+
+        if goal_unit is None:  # host sync (construction only): the range's typical ATR sets the goal scale
+            goal_unit = typical_atr(self.atr, self.first_bar, stop_bar) * self.multiplier * self.reward_scale
+        self.goal_unit = float(goal_unit)
+        self.goal_bonus = self.goal_unit
+        self.goal_range = (
+            (0.0, self.goal_unit * math.sqrt(self.episode_length))
+            if goal_range is None
+            else tuple(goal_range)
+        )
+
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(int(seed))
+        for name, (shape, dtype) in state_shapes(self.num_envs).items():
+            setattr(self, name, torch.zeros(shape, dtype=dtype, device=device))
+        self.reset()
+
+    # ------------------------------------------------------------------------------------------ builders
+    @classmethod
+    def from_market(
+        cls,
+        market: Market,
+        split: str | Split = "train",
+        *,
+        num_envs: int = 1,
+        window: int = 8,
+        episode_length: int = 256,
+        max_contracts: int = 2,
+        reward_scale: float = 1e-3,
+        branches: Sequence[int] = (5, 5, 5),
+        seed: int = 0,
+        sequential: bool = False,
+        goal_range: tuple[float, float] | None = None,
+    ) -> FuturesEnv:
+        """An env over one split of a loaded Market (its tensors are shared, not copied)."""
+        s = market.split(split)
+        return cls(
+            market.prices,
+            market.atr,
+            market.features,
+            market.contract,
+            first_bar=market.first_bar(s, window),
+            stop_bar=s.stop,
+            num_envs=num_envs,
+            window=window,
+            episode_length=episode_length,
+            max_contracts=max_contracts,
+            reward_scale=reward_scale,
+            branches=branches,
+            seed=seed,
+            sequential=sequential,
+            goal_range=goal_range,
+            goal_unit=market_goal_unit(market, window, reward_scale),
+        )
+
+    @classmethod
+    def from_config(
+        cls,
+        config,
+        split: str = "train",
+        *,
+        market: Market | None = None,
+        device=None,
+        num_envs: int | None = None,
+        seed: int | None = None,
+        sequential: bool = False,
+    ) -> FuturesEnv:
+        """An env from a :class:`fitdqn.config.Config` (``market.*``, ``net.window``, ``net.branches``,
+        ``collect.num_envs``, ``train.seed``); pass ``market`` to share one loaded Market between envs."""
+        m = config.market
+        if market is None:
+            market = load_market(m, window=config.net.window, device=device)
+        return cls.from_market(
+            market,
+            split,
+            num_envs=config.collect.num_envs if num_envs is None else num_envs,
+            window=config.net.window,
+            episode_length=m.episode_length,
+            max_contracts=m.max_contracts,
+            reward_scale=m.reward_scale,
+            branches=config.net.branches,
+            seed=config.train.seed if seed is None else seed,
+            sequential=sequential,
+        )
+
+    # ------------------------------------------------------------------------------------------ contract
+    @property
+    def state_dim(self) -> int:
+        return int(self.features.shape[1]) + NUM_AGENT_FIELDS
+
+    @staticmethod
+    def transition_spec() -> dict[str, FieldSpec]:
+        return transition_spec()
+
+    def goal_reward(self, achieved_before: Tensor, achieved_after: Tensor, goal: Tensor) -> Tensor:
+        """HER bonus: ``goal_bonus`` where the cumulative reward crosses ``goal`` upwards (pure tensor op)."""
+        crossed = (achieved_before < goal) & (achieved_after >= goal)
+        return crossed.to(achieved_after.dtype) * self.goal_bonus
+
+    def observation(self) -> Tensor:
+        """Current observations ``[E, W, S]`` float32."""
+        return build_observation(self.features, self.bar, self.agent, self.window)
+
+    def state_bytes(self) -> int:
+        """Device bytes of this env's own tensors (the shared market tensors are not counted)."""
+        return env_state_bytes(self.num_envs)
+
+    # ------------------------------------------------------------------------------------------ episodes
+    def _draw(self) -> tuple[Tensor, Tensor]:
+        """Fresh random start bars and goals for every env (``[E]`` each): always drawn, used where needed."""
+        u = torch.rand((2, self.num_envs), generator=self.generator, device=self.device)  # [2, E]
+        start = self.first_bar + (u[0] * self.num_starts).long().clamp(max=self.num_starts - 1)
+        low, high = self.goal_range
+        goal = low + u[1] * (high - low)
+        return start, goal
+
+    def _fresh_agent(self, goal: Tensor) -> Tensor:
+        agent = torch.zeros((goal.shape[0], NUM_AGENT_FIELDS), device=self.device)
+        agent[:, GOAL_COLUMN] = goal
+        agent[:, AGENT_FIELDS.index("episode_left")] = 1.0
+        return agent
+
+    def reset(self, seed: int | None = None) -> Tensor:
+        """Start a new episode in every env; returns the observations ``[E, W, S]``."""
+        if seed is not None:
+            self.generator.manual_seed(int(seed))
+        start, goal = self._draw()
+        if self.sequential:
+            start = torch.full_like(start, self.first_bar)
+        self.bar.copy_(start)
+        for name in (
+            "episode_step",
+            "position",
+            "entry_price",
+            "time_in_trade",
+            "stop_k",
+            "take_k",
+            "achieved",
+        ):
+            getattr(self, name).zero_()
+        self.goal.copy_(goal)
+        self.agent.copy_(self._fresh_agent(goal))
+        return self.observation()
+
+    def step(self, action: Tensor) -> dict[str, Tensor]:
+        """Decide at the close of ``bar``, fill on ``bar + 1``; auto-reset finished episodes.
+
+        ``action [E, 3]`` integer sub-action indices. Returns the transition fields (``transition_spec``:
+        bar, agent, action, reward, achieved, next_agent, episode_step, flags), the post-reset inputs of the
+        next observation (``current_bar [E]`` int64, ``current_agent [E, Fa]``) and backtest extras in
+        currency and contracts: ``pnl`` (net), ``cost`` (commission + slippage), ``position`` (held at the
+        fill bar's close, before an end-of-episode liquidation), ``traded`` (contracts filled) and ``exit``
+        (EXIT_* code). No host sync; no Python branch on tensor values.
+        """
+        L = self.episode_length
+        a = action.long()  # [E, 3]
+        b0 = self.bar.clone()  # [E] decision bar (a copy: self.bar is overwritten in place below)
+        b1 = b0 + 1  # [E] fill bar
+        px = self.prices[b1]  # [E, 4]
+        o1, h1, l1, c1 = px.unbind(-1)  # [E] each
+        c0 = self.prices[b0, 3]  # [E]
+        atr0 = self.atr[b0]  # [E]
+        agent_before = self.agent.clone()  # [E, Fa]
+        step_before = self.episode_step.clone()
+
+        held_before = self.position.clone()  # [E] contracts
+        target = self.position_levels[a[:, 0]]  # [E]
+        k_stop = self.stop_levels[a[:, 1]]
+        k_take = self.take_levels[a[:, 2]]
+        trade = target - held_before  # contracts bought (+) / sold (-) at the open
+        side = torch.sign(target)
+
+        # bracket around the open, from the ATR known at the decision
+        stop_px = torch.round((o1 - side * k_stop * atr0) / self.tick) * self.tick
+        take_px = torch.round((o1 + side * k_take * atr0) / self.tick) * self.tick
+        is_long, is_short = target > 0, target < 0
+        stop_hit = (k_stop > 0) & ((is_long & (l1 <= stop_px)) | (is_short & (h1 >= stop_px)))
+        take_hit = (k_take > 0) & ~stop_hit & ((is_long & (h1 >= take_px)) | (is_short & (l1 <= take_px)))
+        exited = stop_hit | take_hit
+        exit_px = torch.where(stop_hit, stop_px - side * self.slip, torch.where(take_hit, take_px, c1))
+        held = torch.where(exited, torch.zeros_like(target), target)  # [E] at the fill bar's close
+
+        last = (step_before == L - 1) | (b1 >= self.last_bar)  # [E] bool
+        liquidated = torch.where(last, held, torch.zeros_like(held))
+        held_after = held - liquidated
+
+        # P&L in points, then currency
+        traded_open = trade.abs()
+        traded_liq = liquidated.abs()
+        points = held_before * (o1 - c0) + target * (exit_px - o1) - self.slip * (traded_open + traded_liq)
+        fills = traded_open + exited.to(target.dtype) * target.abs() + traded_liq  # contracts filled
+        commission = self.commission * fills
+        pnl = points * self.multiplier - commission  # [E] currency, net
+        slip_stop = stop_hit.to(target.dtype) * target.abs() * self.slip
+        cost = (self.slip * (traded_open + traded_liq) + slip_stop) * self.multiplier + commission
+        reward = pnl * self.reward_scale
+
+        # average entry price and time in trade of what is held after the step
+        fill_px = o1 + torch.sign(trade) * self.slip
+        same_side = held_before * target > 0
+        grew = same_side & (target.abs() > held_before.abs())
+        fresh = (target != 0) & ~same_side
+        blended = (self.entry_price * held_before.abs() + fill_px * traded_open) / target.abs().clamp(min=1.0)
+        entry = torch.where(fresh, fill_px, torch.where(grew, blended, self.entry_price))
+        open_after = held_after != 0
+        entry = torch.where(open_after, entry, torch.zeros_like(entry))
+        in_trade = torch.where(fresh, torch.ones_like(entry), self.time_in_trade + 1.0)
+        in_trade = torch.where(open_after, in_trade, torch.zeros_like(in_trade))
+        unrealised = held_after * (c1 - entry) * (self.multiplier * self.reward_scale)
+
+        achieved = self.achieved + reward
+        step_after = step_before + 1
+        left = (L - step_after).to(torch.float32) / L
+        next_agent = torch.stack(
+            [
+                held_after / self.max_contracts,
+                unrealised,
+                in_trade / L,
+                k_stop / STOP_ATR[-1],
+                k_take / TAKE_PROFIT_ATR[-1],
+                self.goal,
+                achieved,
+                left,
+            ],
+            dim=1,
+        )  # [E, Fa]
+        flags = last.to(torch.uint8) * (TERMINAL | LAST)
+        u8 = torch.uint8  # the three exits are exclusive (a liquidation needs a position still held)
+        exit_code = (
+            stop_hit.to(u8) * EXIT_STOP
+            + take_hit.to(u8) * EXIT_TAKE_PROFIT
+            + (last & (held != 0)).to(u8) * EXIT_EPISODE_END
+        )
+
+        # auto-reset (computed for every env, applied where the episode ended)
+        new_start, new_goal = self._draw()
+        if self.sequential:  # Python bool fixed at construction: continue where the last episode ended
+            new_start = torch.where(b1 >= self.last_bar, torch.full_like(b1, self.first_bar), b1)
+        zero = torch.zeros_like(target)
+        self.bar.copy_(torch.where(last, new_start, b1))
+        self.episode_step.copy_(torch.where(last, torch.zeros_like(step_after), step_after))
+        self.position.copy_(held_after)
+        self.entry_price.copy_(entry)
+        self.time_in_trade.copy_(in_trade)
+        self.stop_k.copy_(torch.where(last, zero, k_stop))
+        self.take_k.copy_(torch.where(last, zero, k_take))
+        self.goal.copy_(torch.where(last, new_goal, self.goal))
+        self.achieved.copy_(torch.where(last, zero, achieved))
+        self.agent.copy_(torch.where(last[:, None], self._fresh_agent(new_goal), next_agent))
+
+        return {
+            "bar": b0.to(torch.int32),
+            "agent": agent_before,
+            "action": action.to(torch.uint8),
+            "reward": reward,
+            "achieved": achieved,
+            "next_agent": next_agent,
+            "episode_step": step_before.to(torch.int32),
+            "flags": flags,
+            "current_bar": self.bar.clone(),
+            "current_agent": self.agent.clone(),
+            "pnl": pnl,
+            "cost": cost,
+            "position": held,
+            "traded": fills,
+            "exit": exit_code,
+        }
+
+
+# ---------------------------------------------------------------------------------------------- backtests
+@dataclass
+class Backtest:
+    """One env's sequential run over a split. Step k decides at ``decision_bar[k]`` and fills on the next bar
+    (``timestamp[k]`` is that fill bar's time); currency arrays are float64.
+
+    ``equity[k]`` is the cumulative net P&L after k steps (``equity[0] = 0``); ``buy_and_hold`` is one
+    contract bought at the first fill bar's open and held to the last close, entry and exit costs included.
+    The run is a sequence of ``episode_length`` episodes, as in training: a position is liquidated (and may be
+    re-entered at the next open) at each episode end (``exit == EXIT_EPISODE_END``).
+    """
+
+    split: str
+    contract: ContractSpec
+    decision_bar: np.ndarray  # [N] int64
+    timestamp: np.ndarray  # [N] datetime64[ns] of the fill bar (NaT without bars)
+    pnl: np.ndarray  # [N] currency, net of costs
+    cost: np.ndarray  # [N] currency: commission + slippage
+    reward: np.ndarray  # [N] pnl x reward_scale
+    target: np.ndarray  # [N] contracts chosen
+    position: np.ndarray  # [N] contracts held at the fill bar's close
+    traded: np.ndarray  # [N] contracts filled
+    exit: np.ndarray  # [N] uint8 EXIT_* codes
+    equity: np.ndarray  # [N + 1] currency
+    buy_and_hold: np.ndarray  # [N + 1] currency
+
+    def __len__(self) -> int:
+        return int(self.pnl.shape[0])
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "timestamp": self.timestamp,
+                "decision_bar": self.decision_bar,
+                "pnl": self.pnl,
+                "cost": self.cost,
+                "reward": self.reward,
+                "target": self.target,
+                "position": self.position,
+                "traded": self.traded,
+                "exit": self.exit,
+                "equity": self.equity[1:],
+                "buy_and_hold": self.buy_and_hold[1:],
+            }
+        )
+
+
+Policy = Callable[[Tensor], Tensor]
+
+
+def run_backtest(
+    env: FuturesEnv, policy: Policy, *, split: str = "", timestamps: np.ndarray | None = None
+) -> list[Backtest]:
+    """Run ``policy`` (obs ``[E, W, S]`` -> actions ``[E, 3]``) over a sequential env from its first bar to
+    the end of its range: one Backtest per env. One host sync, at the end (plus whatever the policy does)."""
+    if not env.sequential:
+        raise ValueError("run_backtest needs a sequential env (FuturesEnv(..., sequential=True))")
+    steps = env.last_bar - env.first_bar
+    E = env.num_envs
+    env.reset()
+    names = ("pnl", "cost", "reward", "position", "traded")
+    record = {k: torch.empty((steps, E), dtype=torch.float64, device=env.device) for k in names}
+    target = torch.empty((steps, E), device=env.device)
+    exits = torch.empty((steps, E), dtype=torch.uint8, device=env.device)
+    bars = torch.empty((steps, E), dtype=torch.int64, device=env.device)
+    for k in range(steps):
+        action = torch.as_tensor(policy(env.observation()), device=env.device).reshape(E, NUM_BRANCHES)
+        out = env.step(action)
+        for name in names:
+            record[name][k] = out[name]
+        target[k] = env.position_levels[action[:, 0].long()]
+        exits[k] = out["exit"]
+        bars[k] = out["bar"]
+    # host sync: the backtest's results
+    host = {k: v.cpu().numpy() for k, v in record.items()}
+    target_np, exits_np, bars_np = target.cpu().numpy(), exits.cpu().numpy(), bars.cpu().numpy()
+    prices = env.prices.double().cpu().numpy()
+    fill_bars = bars_np[:, 0] + 1
+    c = env.contract
+    buy_and_hold = np.zeros(steps + 1)
+    buy_and_hold[1:] = (
+        prices[fill_bars, 3] - prices[fill_bars[0], 0] - c.slippage
+    ) * c.multiplier - c.commission
+    buy_and_hold[-1] -= c.cost_per_side
+    stamps = (
+        np.asarray(timestamps)[fill_bars]
+        if timestamps is not None
+        else np.full(steps, np.datetime64("NaT", "ns"))
+    )
+    results = []
+    for e in range(E):
+        pnl = host["pnl"][:, e]
+        results.append(
+            Backtest(
+                split=split,
+                contract=c,
+                decision_bar=bars_np[:, e],
+                timestamp=stamps,
+                pnl=pnl,
+                cost=host["cost"][:, e],
+                reward=host["reward"][:, e],
+                target=target_np[:, e].astype(np.float64),
+                position=host["position"][:, e],
+                traded=host["traded"][:, e],
+                exit=exits_np[:, e],
+                equity=np.concatenate([[0.0], np.cumsum(pnl)]),
+                buy_and_hold=buy_and_hold.copy(),
+            )
+        )
+    return results
+
+
+def evaluate_policy(
+    policy: Policy,
+    market: Market,
+    split: str = "test",
+    *,
+    window: int = 8,
+    episode_length: int = 256,
+    max_contracts: int = 2,
+    reward_scale: float = 1e-3,
+    branches: Sequence[int] = (5, 5, 5),
+    goal: float | None = None,
+) -> Backtest:
+    """Backtest ``policy`` over a whole split of ``market``, one env, from its first valid bar to its end.
+
+    ``goal`` is the target shown in the state (default: the middle of the training goal range).
+    """
+    probe = FuturesEnv.from_market(
+        market,
+        split,
+        window=window,
+        episode_length=episode_length,
+        max_contracts=max_contracts,
+        reward_scale=reward_scale,
+        branches=branches,
+        sequential=True,
+    )
+    g = 0.5 * (probe.goal_range[0] + probe.goal_range[1]) if goal is None else float(goal)
+    probe.goal_range = (g, g)
+    stamps = market.bars["timestamp"].to_numpy()
+    return run_backtest(probe, policy, split=market.split(split).name, timestamps=stamps)[0]
+
+
+def evaluate_config(
+    policy: Policy,
+    config,
+    split: str = "test",
+    *,
+    market: Market | None = None,
+    device=None,
+    goal: float | None = None,
+) -> Backtest:
+    """:func:`evaluate_policy` with the sizes of a :class:`fitdqn.config.Config`."""
+    if market is None:
+        market = load_market(config.market, window=config.net.window, device=device)
+    m = config.market
+    return evaluate_policy(
+        policy,
+        market,
+        split,
+        window=config.net.window,
+        episode_length=m.episode_length,
+        max_contracts=m.max_contracts,
+        reward_scale=m.reward_scale,
+        branches=config.net.branches,
+        goal=goal,
+    )

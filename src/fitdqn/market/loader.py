@@ -1,0 +1,139 @@
+"""One call from a MarketConfig to everything the environment needs on the device.
+
+:func:`load_market` reads the bars, resolves the contract, computes the causal features and the raw ATR,
+splits the bars in time and checks there are enough of them, then moves ``features [T, Fm]``,
+``prices [T, 4]`` and ``atr [T]`` to the device once (they stay there for every env built on them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from fitdqn.budget.component import tensor_bytes
+from fitdqn.errors import UserError
+from fitdqn.market.contract import ContractSpec, contract_for
+from fitdqn.market.data import Split, bars_from_config, split_bars
+from fitdqn.market.features import NUM_FEATURES, WARMUP, atr, bar_tensors, compute_features
+
+ATR_PERIOD = 14  # the ATR the env sizes stops and take-profits with (the state's atr feature uses it too)
+PRICE_COLUMNS = ("open", "high", "low", "close")
+
+
+def market_tensor_shapes(num_bars: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The device tensors a Market holds: name -> (shape, dtype). Allocation and byte counts both use it."""
+    return {
+        "features": ((num_bars, NUM_FEATURES), torch.float32),
+        "prices": ((num_bars, len(PRICE_COLUMNS)), torch.float32),
+        "atr": ((num_bars,), torch.float32),
+    }
+
+
+def market_bytes(num_bars: int) -> int:
+    """Device bytes of a Market's tensors for ``num_bars`` bars."""
+    return sum(tensor_bytes(shape, dtype) for shape, dtype in market_tensor_shapes(num_bars).values())
+
+
+@dataclass
+class Market:
+    """Bars, contract, splits and the device tensors built from them."""
+
+    name: str
+    bars: pd.DataFrame  # canonical columns: timestamp, open, high, low, close, volume
+    contract: ContractSpec
+    splits: dict[str, Split]
+    features: Tensor  # [T, Fm] float32, causal, rows < warmup are 0
+    prices: Tensor  # [T, 4] float32: open, high, low, close
+    atr: Tensor  # [T] float32: ATR(14) in price points (0 before it exists)
+    warmup: int
+
+    @property
+    def num_bars(self) -> int:
+        return int(self.prices.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.features.device
+
+    def split(self, name: str | Split) -> Split:
+        if isinstance(name, Split):
+            return name
+        if name not in self.splits:
+            raise UserError(f"unknown split '{name}'; use one of {', '.join(self.splits)}")
+        return self.splits[name]
+
+    def first_bar(self, split: str | Split, window: int) -> int:
+        """First bar an episode may start at in ``split``: after the feature warm-up and a full obs window."""
+        return max(self.split(split).start, self.warmup, window - 1)
+
+
+def market_from_bars(
+    bars: pd.DataFrame,
+    contract: ContractSpec,
+    *,
+    name: str = "bars",
+    train_fraction: float = 0.7,
+    validation_fraction: float = 0.15,
+    device=None,
+) -> Market:
+    """A Market from a canonical bar frame (see :func:`fitdqn.market.data.normalise_bars`)."""
+    features = compute_features(bars, device=device)
+    b = bar_tensors(bars, device)
+    raw_atr = torch.nan_to_num(atr(b["high"], b["low"], b["close"], ATR_PERIOD), nan=0.0)
+    prices = torch.stack([b[k] for k in PRICE_COLUMNS], dim=1)
+    shapes = market_tensor_shapes(len(bars))
+    tensors = {"features": features, "prices": prices, "atr": raw_atr}
+    tensors = {k: t.to(shapes[k][1]).contiguous() for k, t in tensors.items()}
+    return Market(
+        name=name,
+        bars=bars,
+        contract=contract,
+        splits=split_bars(len(bars), train_fraction, validation_fraction),
+        warmup=WARMUP,
+        **tensors,
+    )
+
+
+def check_enough_bars(market: Market, window: int, episode_length: int) -> None:
+    """UserError unless the train split holds one episode after the warm-up and each other split one step."""
+    train = market.splits["train"]
+    first = market.first_bar(train, window)
+    need_train = first + episode_length + 1  # bars 0 .. first + episode_length
+    if train.stop < need_train:
+        need_total = math.ceil(need_train * market.num_bars / max(train.stop, 1))
+        raise UserError(
+            f"market data '{market.name}' has {market.num_bars} bars, so the training split has "
+            f"{train.stop}; an "
+            f"episode needs {need_train} (feature warm-up {market.warmup} bars, observation window {window}, "
+            f"episode_length {episode_length} + 1); give about {need_total} bars or more, or lower "
+            "market.episode_length (or net.window), or raise market.train_fraction"
+        )
+    for name in ("validation", "test"):
+        split = market.splits[name]
+        if split.stop - market.first_bar(split, window) < 2:
+            raise UserError(
+                f"market data '{market.name}': the {name} split has {len(split)} bars, too few to trade "
+                "after "
+                f"the warm-up; give more bars or change market.train_fraction / market.validation_fraction"
+            )
+
+
+def load_market(market_config, *, window: int = 1, device=None, episode_length: int | None = None) -> Market:
+    """Everything for a :class:`fitdqn.config.MarketConfig`, checked for ``window`` and the episode length."""
+    bars = bars_from_config(market_config)
+    contract = contract_for(market_config.contract, market_config.data)
+    market = market_from_bars(
+        bars,
+        contract,
+        name=market_config.data,
+        train_fraction=market_config.train_fraction,
+        validation_fraction=market_config.validation_fraction,
+        device=device,
+    )
+    length = market_config.episode_length if episode_length is None else episode_length
+    check_enough_bars(market, window, length)
+    return market

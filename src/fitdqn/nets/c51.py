@@ -1,0 +1,51 @@
+"""Branching dueling C51 head (Tavakoli et al. 2018 action branching + Bellemare et al. 2017 C51).
+
+A value stream V(s) ``[B, atoms]`` and one advantage stream per branch ``A_d(s, .) [B, n_d, atoms]``,
+combined per branch on the logits: ``logits_d = V + A_d - mean_a A_d`` (the mean over that branch's
+sub-actions), then a softmax over atoms gives each sub-action's return distribution on the support.
+
+All streams' first layers are one fused ``Linear(d_model, (1 + branches) * stream_hidden)`` (one matmul,
+one autocast cast of the features); each stream has its own output layer. Branches of unequal size are
+padded to the largest one: padded sub-actions get zero logits and ``valid_actions`` marks them invalid.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fitdqn.nets.groups import tag
+
+
+def dueling(value: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
+    """``value [B, A]``, ``advantage [B, n, A]`` -> ``[B, n, A]``: V + A - mean over sub-actions of A."""
+    return value.unsqueeze(1) + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+class BranchingDuelingC51(nn.Module):
+    """``features [B, d_model] -> logits [B, branches, max_n, atoms]`` (padded sub-actions: zeros)."""
+
+    def __init__(self, d_model: int, hidden: int, branches: tuple[int, ...], atoms: int) -> None:
+        super().__init__()
+        self.branches = tuple(branches)
+        self.atoms = atoms
+        self.max_n = max(branches)
+        self.hidden = nn.Linear(d_model, (1 + len(branches)) * hidden)
+        self.value = nn.Linear(hidden, atoms)
+        self.advantages = nn.ModuleList(nn.Linear(hidden, n * atoms) for n in branches)
+        tag(self, "dqn")
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        batch = features.shape[0]
+        streams = F.relu(self.hidden(features), inplace=True)  # [B, (1 + branches) * h]
+        streams = streams.view(batch, 1 + len(self.branches), -1)  # [B, 1 + branches, h]
+        value = self.value(streams[:, 0])  # [B, atoms]
+        logits = []
+        for index, (n, layer) in enumerate(zip(self.branches, self.advantages, strict=True)):
+            advantage = layer(streams[:, 1 + index]).view(batch, n, self.atoms)  # [B, n, atoms]
+            branch = dueling(value, advantage)  # [B, n, atoms]
+            if n < self.max_n:
+                branch = F.pad(branch, (0, 0, 0, self.max_n - n))  # [B, max_n, atoms]
+            logits.append(branch)
+        return torch.stack(logits, dim=1)  # [B, branches, max_n, atoms]

@@ -1,0 +1,197 @@
+"""The replay facade: ring storage + sampler + n-step + HER, all resident on the training device.
+
+``write`` / ``sample`` / ``update_priorities`` make no host sync and branch only on configuration, so the
+collector step and the learner update that call them can be captured in CUDA graphs.
+
+Sampling is one ``torch.rand`` (from the caller's generator) followed by pure functions of those uniforms
+and the buffer's tensors (:meth:`ReplayBuffer.batch_from_uniforms`). With ``compile=True`` on CUDA the
+pure parts (tree descent, weights, n-step + HER gather, priority transform) run through ``torch.compile``:
+the same maths in a few fused kernels instead of ~150 small ones; eager is the reference. Compile before
+capturing a CUDA graph (call ``sample`` and ``update_priorities`` once outside the capture).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from fitdqn.replay.her import FutureGoals
+from fitdqn.replay.nstep import GoalReward, NStepReturns
+from fitdqn.replay.sampler import PrioritizedSampler, UniformSampler, sampleable_steps
+from fitdqn.replay.spec import TransitionSpec
+from fitdqn.replay.storage import RingStorage
+
+REQUIRED_FIELDS = ("bar", "agent", "action", "reward", "achieved", "next_agent", "episode_step", "flags")
+Observe = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ReplayBuffer:
+    """Lockstep transitions in, learner batches out (see docs/DESIGN.md, 'Replay -> learner')."""
+
+    def __init__(
+        self,
+        spec: TransitionSpec,
+        capacity: int,
+        num_envs: int,
+        *,
+        n_step: int = 3,
+        gamma: float = 0.99,
+        episode_length: int = 256,
+        goal_column: int = 0,
+        goal_reward: GoalReward | None = None,
+        prioritized: bool = True,
+        alpha: float = 0.6,
+        priority_eps: float = 1e-6,
+        her: bool = True,
+        her_k: int = 4,
+        fanout: int = 64,
+        observe: Observe | None = None,
+        compile: bool = False,
+        device: torch.device | str = "cpu",
+    ):
+        missing = [name for name in REQUIRED_FIELDS if name not in spec]
+        if missing:
+            raise ValueError(f"transition spec lacks fields {missing} (docs/DESIGN.md, 'Transitions')")
+        if capacity // num_envs < n_step:
+            raise ValueError(f"replay capacity {capacity} holds fewer than n_step={n_step} steps of "
+                             f"{num_envs} envs")
+        self.storage = RingStorage(spec, capacity, num_envs, device)
+        self.device = self.storage.device
+        self.capacity = self.storage.capacity
+        self.num_envs = self.storage.num_envs
+        self.n_step = int(n_step)
+        self.goal_column = int(goal_column)
+        self.goal_reward = goal_reward
+        self.observe = observe
+        self.prioritized = bool(prioritized)
+        self.sampler: PrioritizedSampler | UniformSampler = (
+            PrioritizedSampler(self.storage, n_step, alpha, priority_eps, fanout) if prioritized
+            else UniformSampler(self.storage, n_step)
+        )
+        self.returns = NStepReturns(self.storage, n_step, gamma)
+        self.her = FutureGoals(self.storage, episode_length, her_k) if her else None
+        self.use_compiled(compile)
+
+    def use_compiled(self, enabled: bool) -> None:
+        """Route sampling through ``torch.compile`` (CUDA only; eager elsewhere) or back to eager."""
+        self.compiled = bool(enabled) and self.device.type == "cuda"
+        self.gather_fn = self.gather_with_uniforms
+        options = {"fullgraph": True, "dynamic": False} if self.compiled else None
+        self.sampler.set_compiled(options)
+        if self.compiled:
+            self.gather_fn = torch.compile(self.gather_with_uniforms, **options)
+
+    @classmethod
+    def from_config(cls, config, spec: TransitionSpec, capacity: int, *, goal_column: int,
+                    goal_reward: GoalReward | None = None, observe: Observe | None = None,
+                    device: torch.device | str = "cpu", fanout: int = 64,
+                    num_envs: int | None = None) -> ReplayBuffer:
+        """Build from a :class:`fitdqn.config.Config` and the planned capacity (see ``replay_component``);
+        ``num_envs`` defaults to ``collect.num_envs``."""
+        r = config.replay
+        return cls(
+            spec, capacity, config.collect.num_envs if num_envs is None else num_envs,
+            n_step=config.learn.n_step, gamma=config.learn.gamma,
+            episode_length=config.market.episode_length, goal_column=goal_column, goal_reward=goal_reward,
+            prioritized=r.prioritized, alpha=r.alpha, priority_eps=r.priority_eps, her=r.her, her_k=r.her_k,
+            fanout=fanout, observe=observe, compile=r.compile, device=device,
+        )
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every device tensor this buffer allocates (the planner counts their bytes)."""
+        return [*self.storage.tensors(), *self.sampler.tensors(), *self.returns.tensors()]
+
+    # ---- collector side ------------------------------------------------------------------------------
+    def write(self, rows: dict[str, torch.Tensor]) -> None:
+        """One lockstep step: ``rows[name]`` is ``[E, *shape]`` for every field of the spec."""
+        step = self.storage.written.clone()  # 0-dim: the step being written
+        self.storage.write(rows)
+        self.sampler.on_write(step)
+
+    def sampleable(self) -> torch.Tensor:
+        """Transitions that can be sampled now (0-dim int64 device tensor; reading it is a host sync)."""
+        return sampleable_steps(self.storage, self.n_step) * self.num_envs
+
+    # ---- learner side --------------------------------------------------------------------------------
+    def sample(self, batch_size: int, beta: float | torch.Tensor = 1.0,
+               generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """A batch of ``batch_size`` transitions: the keys of :meth:`gather`, plus ``weight``.
+
+        ``beta`` may be a float or a 0-dim device tensor (use a tensor inside a CUDA graph, so it can
+        change between replays). The buffer must hold sampleable transitions (the trainer waits for
+        ``replay.min_fill``).
+        """
+        uniform = torch.rand(batch_size, 3, device=self.device, dtype=torch.float64,
+                             generator=generator)  # [B, 3]: slot, HER future step, HER coin
+        if not isinstance(beta, torch.Tensor):
+            beta = torch.full((), beta, device=self.device, dtype=torch.float64)
+        return self.observed(self.batch_from_uniforms(uniform, beta))
+
+    def gather(self, index: torch.Tensor,
+               generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """n-step + HER batch for given slots ``index [B]``: bar, agent, action, reward, discount,
+        next_bar, next_agent, index (and obs / next_obs when an ``observe`` callable was given)."""
+        uniform = torch.rand(index.shape[0], 2, device=self.device, dtype=torch.float64,
+                             generator=generator)  # [B, 2]: HER future step, HER coin
+        return self.observed(self.gather_fn(index, uniform))
+
+    def batch_from_uniforms(self, uniform: torch.Tensor, beta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Pure: ``uniform [B, 3]`` f64 -> batch with ``weight``; reads the buffer, writes nothing."""
+        index, weight = self.sampler.draw(uniform[:, 0], beta)  # [B], [B]
+        batch = self.gather_fn(index, uniform[:, 1:])
+        batch["weight"] = weight
+        return batch
+
+    def gather_with_uniforms(self, index: torch.Tensor, uniform: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Pure: the batch for slots ``index [B]``; ``uniform [B, 2]`` f64 drives HER."""
+        fields = self.storage.fields
+        agent = fields["agent"][index]  # [B, Fa]
+        goal = agent[:, self.goal_column]  # [B]
+        if self.her is not None:
+            goal, _ = self.her(index, goal, uniform)
+        window = self.returns(index, goal, self.goal_reward)
+        next_agent = fields["next_agent"][window.last]  # [B, Fa]
+        agent[:, self.goal_column] = goal
+        next_agent[:, self.goal_column] = goal
+        return {
+            "bar": fields["bar"][index].long(),  # [B]
+            "agent": agent,
+            "action": fields["action"][index].long(),  # [B, 3]
+            "reward": window.reward,
+            "discount": window.discount,
+            "next_bar": fields["bar"][window.last].long() + 1,  # [B]
+            "next_agent": next_agent,
+            "index": index,
+        }
+
+    def observed(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Add ``obs`` / ``next_obs`` [B, W, S] through the ``observe`` callable, if one was given."""
+        if self.observe is not None:
+            batch["obs"] = self.observe(batch["bar"], batch["agent"])
+            batch["next_obs"] = self.observe(batch["next_bar"], batch["next_agent"])
+        return batch
+
+    def update_priorities(self, index: torch.Tensor, priorities: torch.Tensor) -> None:
+        """The learner's new priorities (|TD|, before ``** alpha``) for ``index``; a no-op if uniform."""
+        self.sampler.update(index, priorities)
+
+    # ---- checkpoints ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to resume exactly (tensors are the live ones: copy or save right away)."""
+        return {
+            "capacity": self.capacity,
+            "num_envs": self.num_envs,
+            "n_step": self.n_step,
+            "prioritized": self.prioritized,
+            "storage": self.storage.state_dict(),
+            "sampler": self.sampler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("capacity", "num_envs", "n_step", "prioritized"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"replay checkpoint has {key}={state[key]}, "
+                                 f"this buffer {getattr(self, key)}")
+        self.storage.load_state_dict(state["storage"])
+        self.sampler.load_state_dict(state["sampler"])

@@ -1,0 +1,114 @@
+"""The replay's entries in the VRAM plan: capacity from the replay share, bytes from the real objects.
+
+Fixed bytes are counted from a :class:`ReplayBuffer` built on the 'meta' device (same constructor, same
+shapes and dtypes, nothing allocated). Per-sample bytes come from the shapes a batch row creates.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fitdqn.budget.component import Component, tensor_bytes
+from fitdqn.errors import UserError
+from fitdqn.replay.buffer import ReplayBuffer
+from fitdqn.replay.spec import TransitionSpec, bytes_per_transition
+
+DEFAULT_FANOUT = 64
+_I64, _F64, _F32, _BOOL, _U8 = torch.int64, torch.float64, torch.float32, torch.bool, torch.uint8
+
+
+def _rows_bytes(rows: list[tuple[tuple[int, ...], torch.dtype]]) -> int:
+    return sum(tensor_bytes(shape, dtype) for shape, dtype in rows)
+
+
+def meta_buffer(config, spec: TransitionSpec, capacity: int, num_envs: int,
+                fanout: int = DEFAULT_FANOUT) -> ReplayBuffer:
+    """The buffer the trainer would build, on the 'meta' device (shapes only)."""
+    return ReplayBuffer.from_config(config, spec, capacity, goal_column=0, device="meta", fanout=fanout,
+                                    num_envs=num_envs)
+
+
+def replay_fixed_bytes(config, spec: TransitionSpec, capacity: int, num_envs: int,
+                       fanout: int = DEFAULT_FANOUT) -> int:
+    """Storage + sum tree + index/scratch buffers of a buffer of ``capacity`` transitions."""
+    buffer = meta_buffer(config, spec, capacity, num_envs, fanout)
+    return sum(tensor_bytes(t.shape, t.dtype) for t in buffer.tensors())
+
+
+def replay_sample_bytes(config, spec: TransitionSpec, fanout: int = DEFAULT_FANOUT) -> int:
+    """Bytes one batch row occupies while sampling: the batch it returns + the peak of the scratch."""
+    n, agent_shape = config.learn.n_step, spec["agent"].shape
+    action_shape = spec["action"].shape
+    batch = _rows_bytes([
+        ((), _I64), (agent_shape, _F32), ((), _I64), (agent_shape, _F32),  # bar, agent, next_bar, next_agent
+        (action_shape, _I64), ((), _F32), ((), _F32), ((), _F32), ((), _I64),  # action ... weight, index
+    ])
+    k = fanout if config.replay.prioritized else 1
+    descent = _rows_bytes([((k,), _F64), ((k,), _F64), ((), _F64), ((), _F64), ((1,), _I64), ((), _I64)])
+    window = _rows_bytes([
+        ((n,), _I64), ((n,), _U8), ((n,), _BOOL), ((n,), _I64), ((n,), _BOOL),  # slots, flags, ended, alive
+        ((n,), _F32), ((n,), _F32), ((n,), _F32), ((n,), _F32),  # reward, achieved, before, goal bonus
+        ((), _I64), ((), _I64), ((), _F32),  # length, last, terminal
+    ])
+    return batch + max(descent, window)
+
+
+def plan_capacity(config, spec: TransitionSpec, free_bytes: int, num_envs: int,
+                  fanout: int = DEFAULT_FANOUT) -> int:
+    """min(replay.capacity, what the replay share holds), a multiple of num_envs; refuses if too small."""
+    share = int(config.budget.replay_buffer_vram_fraction * free_bytes)
+    per_transition = bytes_per_transition(spec)
+    # the largest step count whose real fixed bytes fit the share (bytes grow with capacity: bisect)
+    low, high = 0, min(config.replay.capacity, share // max(per_transition, 1)) // num_envs
+    while low < high:
+        mid = (low + high + 1) // 2
+        # below n_step steps no buffer can be built; the check after the loop refuses those anyway
+        if mid < config.learn.n_step or replay_fixed_bytes(config, spec, mid * num_envs, num_envs,
+                                                            fanout) <= share:
+            low = mid
+        else:
+            high = mid - 1
+    capacity = low * num_envs
+    smallest = max(config.learn.n_step * num_envs, config.replay.min_fill)
+    if capacity < smallest:
+        raise UserError(
+            f"replay: capacity {capacity} (the smaller of replay.capacity={config.replay.capacity} and what "
+            f"{config.budget.replay_buffer_vram_fraction:g} x {free_bytes} free bytes holds at "
+            f"{per_transition} B per transition + sum tree, rounded down to a multiple of {num_envs} envs) "
+            f"is below {smallest} = max(learn.n_step x collect.num_envs, replay.min_fill); raise "
+            "replay.capacity or budget.replay_buffer_vram_fraction, or lower collect.num_envs or "
+            "replay.min_fill"
+        )
+    return capacity
+
+
+def replay_component(config, spec: TransitionSpec, free_bytes: int, num_envs: int,
+                     fanout: int = DEFAULT_FANOUT) -> tuple[Component, int]:
+    """The 'replay' component and the capacity it was sized for."""
+    capacity = plan_capacity(config, spec, free_bytes, num_envs, fanout)
+    kind = f"sum tree fanout {fanout} f64" if config.replay.prioritized else "uniform"
+    component = Component(
+        name="replay",
+        fixed_bytes=replay_fixed_bytes(config, spec, capacity, num_envs, fanout),
+        per_sample_bytes=replay_sample_bytes(config, spec, fanout),
+        derived_from=(
+            f"{capacity} transitions x {bytes_per_transition(spec)} B ({len(spec)} fields) + {kind}; "
+            f"capacity = min(replay.capacity, {config.budget.replay_buffer_vram_fraction:g} x free), "
+            f"multiple of {num_envs} envs"
+        ),
+    )
+    return component, capacity
+
+
+def her_component(config, spec: TransitionSpec) -> Component:
+    """HER's per-sample relabelling scratch (nothing fixed): draws, future slot, goal."""
+    if not config.replay.her:
+        return Component("her", 0, 0, "replay.her = false")
+    goal = spec["achieved"].dtype
+    per_sample = _rows_bytes([
+        ((2,), _F64),  # uniform draws (future step, relabel coin)
+        ((), _I64), ((), _I64), ((), _I64), ((), _I64),  # row, steps ahead, episode step, span
+        ((), _I64), ((), _I64), ((), _BOOL),  # offset, future slot, same-episode check
+        ((), goal), ((), goal), ((), _BOOL), ((), goal),  # achieved (future, own), relabel coin, goal
+    ])
+    return Component("her", 0, per_sample, "future-goal draws + slot/goal buffers per sample, from dtypes")

@@ -1,0 +1,153 @@
+"""A sum tree resident on the device: batched updates and batched stratified sampling, no host sync.
+
+Layout: a ``fanout``-ary tree stored level by level, leaves last. Level sizes are padded to a multiple of
+the fanout so every node's children are one contiguous row of ``level.view(-1, fanout)``; padding leaves
+hold 0 and are never sampled. The root is not stored: it is the sum of the top level (at most ``fanout``
+nodes). A wide fanout (64 by default) keeps the depth at 4 for 16M leaves, so a descent is a handful of
+batched kernels per level instead of ~24 levels of a binary tree.
+
+Precision: float64. Updates never add deltas: each touched ancestor is recomputed as the sum of its
+children (level by level, a scatter of recomputed sums), so a node always equals the sum of its current
+children, whatever the number of updates. Float64 still matters for sampling: the descent compares a
+prefix mass against ``u * total``; in float32 with 10M leaves one rounding step of the total is about half
+an average leaf's mass, which would bias small priorities. Float64 makes that error ~1e-9 leaf masses.
+
+Duplicate indices in one update: the largest value wins (``scatter_reduce(amax)``, deterministic),
+documented in :meth:`SumTree.update_max`.
+
+On CUDA with Triton the ancestor rebuild runs as one fused kernel per level (``sum_tree_triton``); the
+torch code here is the reference it is checked against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fitdqn.budget.component import tensor_bytes
+from fitdqn.replay import sum_tree_triton
+
+DTYPE = torch.float64
+# u is kept strictly below a node's mass by this relative margin, so rounding never walks off the end.
+_BELOW = 1.0 - 2.0**-50
+
+
+def level_sizes(num_leaves: int, fanout: int) -> list[int]:
+    """Stored sizes of every level, top first, leaves last; each a multiple of ``fanout``."""
+    if num_leaves < 1 or fanout < 2:
+        raise ValueError("a sum tree needs at least one leaf and a fanout of at least 2")
+    sizes = [-(-num_leaves // fanout) * fanout]
+    while sizes[-1] > fanout:
+        parents = sizes[-1] // fanout
+        sizes.append(-(-parents // fanout) * fanout)
+    return sizes[::-1]
+
+
+def sum_tree_bytes(num_leaves: int, fanout: int) -> int:
+    """Bytes of a :class:`SumTree`'s levels (the same sizes it allocates)."""
+    return sum(tensor_bytes((size,), DTYPE) for size in level_sizes(num_leaves, fanout))
+
+
+class SumTree:
+    """Priorities of ``num_leaves`` slots; sample slots with probability proportional to priority."""
+
+    def __init__(self, num_leaves: int, fanout: int = 64, device: torch.device | str = "cpu",
+                 use_triton: bool | None = None):
+        self.num_leaves = int(num_leaves)
+        self.fanout = int(fanout)
+        self.device = torch.device(device)
+        self.levels = [torch.zeros(size, dtype=DTYPE, device=self.device) for size in
+                       level_sizes(self.num_leaves, self.fanout)]
+        self.use_triton = sum_tree_triton.available(self.device) if use_triton is None else use_triton
+
+    @property
+    def leaves(self) -> torch.Tensor:
+        return self.levels[-1]  # [padded N] f64
+
+    def tensors(self) -> list[torch.Tensor]:
+        return list(self.levels)
+
+    def total(self) -> torch.Tensor:
+        """Sum of all priorities, a 0-dim f64 device tensor."""
+        return self.levels[0].sum()
+
+    def get(self, index: torch.Tensor) -> torch.Tensor:
+        return self.leaves[index]
+
+    # ---- updates -------------------------------------------------------------------------------------
+    def assign(self, index: torch.Tensor, values: torch.Tensor) -> None:
+        """Set leaves ``index [M]`` to ``values [M]``; indices must be unique (e.g. one lockstep step)."""
+        self.leaves.index_copy_(0, index, values.to(DTYPE))
+        self.propagate(index)
+
+    def update_max(self, index: torch.Tensor, values: torch.Tensor) -> None:
+        """Set leaves ``index [M]`` to ``values [M]``; for a duplicated index the largest value wins."""
+        self.leaves.scatter_reduce_(0, index, values.to(DTYPE), reduce="amax", include_self=False)
+        self.propagate(index)
+
+    def propagate(self, index: torch.Tensor) -> None:
+        """Recompute every ancestor of leaves ``index [M]`` as the sum of its children, level by level.
+
+        Duplicated parents get the same recomputed sum, so the scatter is deterministic.
+        """
+        if self.use_triton:
+            sum_tree_triton.propagate(self.levels, index, self.fanout)
+            return
+        node = index
+        for depth in range(len(self.levels) - 1, 0, -1):
+            node = torch.div(node, self.fanout, rounding_mode="floor")  # [M] parent ids
+            sums = self.levels[depth].view(-1, self.fanout)[node].sum(-1)  # [M]
+            self.levels[depth - 1].index_copy_(0, node, sums)
+
+    def rebuild(self) -> None:
+        """Recompute every internal node from the leaves (after loading leaves wholesale)."""
+        for depth in range(len(self.levels) - 1, 0, -1):
+            sums = self.levels[depth].view(-1, self.fanout).sum(-1)
+            self.levels[depth - 1].zero_()
+            self.levels[depth - 1][: sums.numel()] = sums
+
+    # ---- sampling ------------------------------------------------------------------------------------
+    def find(self, mass: torch.Tensor) -> torch.Tensor:
+        """Leaf ``i`` with ``prefix(i) <= mass < prefix(i) + p_i`` for each ``mass [B]`` (f64, in [0, total)).
+
+        Level-by-level descent, O(B * fanout * depth); every step is a batched gather + row cumsum +
+        row searchsorted. Never returns a zero-priority leaf while the total is positive.
+        """
+        u = mass.to(DTYPE)  # [B]
+        node = torch.zeros_like(u, dtype=torch.int64)  # [B] index of the current row (group of children)
+        for level in self.levels:
+            children = level.view(-1, self.fanout)[node]  # [B, k]
+            cum = children.cumsum(-1)  # [B, k] inclusive prefix masses
+            u = torch.minimum(u, cum[:, -1] * _BELOW).clamp_(min=0.0)
+            c = torch.searchsorted(cum, u.unsqueeze(-1), right=True).clamp_(max=self.fanout - 1)  # [B, 1]
+            u = u - (cum.gather(-1, c) - children.gather(-1, c)).squeeze(-1)
+            node = torch.add(c.squeeze(-1), node, alpha=self.fanout)  # [B] child id = next row
+        return node.clamp_(max=self.num_leaves - 1)
+
+    def stratified(self, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One leaf from each of B equal slices of the total mass; ``uniform [B]`` in [0, 1) places it.
+
+        Returns ``(index [B] int64, probability [B] f64)`` with probability = p_i / total.
+        """
+        batch_size = uniform.shape[0]
+        total = self.total()
+        strata = torch.arange(batch_size, device=uniform.device, dtype=DTYPE)  # [B]
+        mass = (strata + uniform.to(DTYPE)) * (total / batch_size)  # [B]
+        index = self.find(mass)
+        return index, self.leaves[index] / total
+
+    def sample_stratified(self, batch_size: int, generator: torch.Generator | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`stratified` with fresh uniforms from ``generator``."""
+        uniform = torch.rand(batch_size, device=self.device, dtype=DTYPE, generator=generator)  # [B]
+        return self.stratified(uniform)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {f"level{depth}": level for depth, level in enumerate(self.levels)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for depth, level in enumerate(self.levels):
+            source = state[f"level{depth}"]
+            if source.shape != level.shape:
+                raise ValueError(
+                    f"sum tree level {depth}: shape {tuple(source.shape)} != {tuple(level.shape)}")
+            level.copy_(source)

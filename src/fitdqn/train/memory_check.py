@@ -1,0 +1,69 @@
+"""After allocating: what the device reports, beside what the plan said, per allocation phase."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from fitdqn.budget.planner import Plan
+from fitdqn.device.sizes import format_bytes
+
+PHASE_COMPONENTS = {
+    "replay": ("replay",),
+    "collector": ("collector",),
+    "networks": ("dqn", "attention", "iqn", "iql"),
+}
+
+
+@dataclass
+class AllocationLedger:
+    """Allocator bytes gained in each named phase (CUDA only; empty on the CPU)."""
+
+    device: torch.device
+    measured: dict[str, int] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def measure(self, phase: str) -> Iterator[None]:
+        if self.device.type != "cuda":
+            yield
+            return
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        yield
+        torch.cuda.synchronize(self.device)
+        self.measured[phase] = self.measured.get(phase, 0) + torch.cuda.memory_allocated(self.device) - before
+
+    def compare(self, plan: Plan) -> list[dict]:
+        """Rows: phase, planned fixed bytes, measured bytes, difference (relative)."""
+        rows = []
+        planned_by_name = {c.name: c.fixed_bytes for c in plan.components}
+        for phase, names in PHASE_COMPONENTS.items():
+            if phase not in self.measured:
+                continue
+            planned = sum(planned_by_name.get(n, 0) for n in names)
+            measured = self.measured[phase]
+            rows.append({"phase": phase, "planned_bytes": planned, "measured_bytes": measured,
+                         "difference": (measured - planned) / planned if planned else None})
+        return rows
+
+
+def step_memory_row(plan: Plan, device: torch.device, baseline: int, peak: int) -> dict:
+    """The training step's peak above what was allocated before it, against per-sample x batch."""
+    planned = plan.per_sample_bytes * plan.batch_size
+    measured = peak - baseline
+    return {"phase": f"update step at batch {plan.batch_size}", "planned_bytes": planned, "measured_bytes": measured,
+            "difference": (measured - planned) / planned if planned else None}
+
+
+def format_rows(rows: list[dict]) -> list[str]:
+    lines = []
+    for row in rows:
+        diff = row["difference"]
+        lines.append(
+            f"  {row['phase']:<28} planned {format_bytes(row['planned_bytes']):>10}   device "
+            f"{format_bytes(row['measured_bytes']):>10}   {'' if diff is None else f'{100 * diff:+.1f} %'}"
+        )
+    return lines

@@ -1,0 +1,251 @@
+"""`fitdqn train`: probe -> plan -> allocate in plan order -> check the plan -> epochs -> evaluation.
+
+The loop per epoch: the collector steps every env ``collect.steps_per_epoch`` times (one graph replay per
+step on CUDA), then ``updates_per_epoch`` learner updates, each one graph replay on CUDA of
+``sample -> build obs -> update -> new priorities``. Host syncs happen only between phases (stats for the
+progress bar and logs), never inside a step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fitdqn.budget.build import PlanInputs, plan_for_device
+from fitdqn.budget.planner import Plan
+from fitdqn.collect.collector import Collector
+from fitdqn.config import Config, config_to_dict, dump_config
+from fitdqn.device.probe import DeviceInfo, probe
+from fitdqn.errors import UserError
+from fitdqn.learn.learner import Learner
+from fitdqn.market.env import GOAL_COLUMN, FuturesEnv
+from fitdqn.market.loader import Market, load_market
+from fitdqn.market.observation import build_observation
+from fitdqn.replay.buffer import ReplayBuffer
+from fitdqn.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
+from fitdqn.train.memory_check import AllocationLedger
+
+STAT_KEYS = ("loss", "c51_loss", "iqn_loss", "iql_loss", "q_mean", "grad_norm")
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+@dataclass
+class EpochStats:
+    epoch: int
+    env_steps: int
+    updates: int
+    seconds: float
+    values: dict[str, float] = field(default_factory=dict)
+
+
+def updates_per_epoch(config: Config, batch_size: int) -> int:
+    """Updates that use each collected transition ``train.replay_ratio`` times on average."""
+    collected = config.collect.num_envs * config.collect.steps_per_epoch
+    return max(1, math.ceil(config.train.replay_ratio * collected / batch_size))
+
+
+def beta_at(config: Config, epoch: int) -> float:
+    """Importance-weight exponent, annealed linearly over the configured epochs."""
+    r = config.replay
+    progress = min(epoch / max(config.train.epochs - 1, 1), 1.0)
+    return r.beta_start + (r.beta_end - r.beta_start) * progress
+
+
+class Trainer:
+    """Owns everything a run allocates, in plan order; ``run_epoch`` is one collect + update phase."""
+
+    def __init__(self, config: Config, device_info: DeviceInfo | None = None, market: Market | None = None,
+                 log=print) -> None:
+        self.config = config
+        self.log = log
+        self.device_info = device_info or probe(config.train.device)
+        self.device = self.device_info.torch_device
+        torch.manual_seed(config.train.seed)
+        self.market = market or load_market(config.market, window=config.net.window, device="cpu")
+        self.plan: Plan = plan_for_device(config, self.device_info, PlanInputs.from_market(self.market, config))
+        self.batch_size = self.plan.batch_size
+        self.ledger = AllocationLedger(self.device)
+        self._allocate()
+        self.epoch = 0
+        self.updates_done = 0
+        self.update_graph: torch.cuda.CUDAGraph | None = None
+        self.history: list[dict[str, Any]] = []
+        self.pending: dict[str, Any] | None = None  # an epoch whose updates an OOM interrupted
+
+    # ---------------------------------------------------------------- allocation, in plan order
+    def _allocate(self) -> None:
+        config, device = self.config, self.device
+        self.sample_generator = torch.Generator(device=device)
+        self.sample_generator.manual_seed(config.train.seed + 1)
+        self.act_generator = torch.Generator(device=device)
+        self.act_generator.manual_seed(config.train.seed + 2)
+        with self.ledger.measure("replay"):
+            self.features = None  # set below; replay's observe reads it lazily
+            self.replay = ReplayBuffer.from_config(
+                config, FuturesEnv.transition_spec(), self.plan.replay_capacity, goal_column=GOAL_COLUMN,
+                observe=self._observe, device=device,
+            )
+        with self.ledger.measure("collector"):
+            market = market_to(self.market, device)
+            self.market_on_device = market
+            self.env = FuturesEnv.from_config(config, "train", market=market, device=device)
+            self.features = self.env.features
+            self.replay.goal_reward = self.env.goal_reward
+        with self.ledger.measure("networks"):
+            self.learner = Learner(config, self.env.state_dim, device)
+        self.collector = Collector(self.env, self.learner, self.replay, config.learn, self.act_generator)
+        self.beta = torch.full((), beta_at(config, 0), device=device)
+        self.stat_sums = {key: torch.zeros((), dtype=torch.float64, device=device) for key in STAT_KEYS}
+
+    def _observe(self, bar: torch.Tensor, agent: torch.Tensor) -> torch.Tensor:
+        return build_observation(self.features, bar, agent, self.config.net.window)  # [B, W, S]
+
+    # ---------------------------------------------------------------- the update step (capturable)
+    def update_step(self) -> None:
+        batch = self.replay.sample(self.batch_size, self.beta, self.sample_generator)
+        out = self.learner.update(batch)
+        self.replay.update_priorities(batch["index"], out["priorities"])
+        for key in STAT_KEYS:
+            self.stat_sums[key].add_(out[key].double())
+
+    def _capture_update(self) -> None:
+        """Capture :meth:`update_step` in a CUDA graph (after warm-up steps, which are real updates)."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.update_step()
+                self.updates_done += 1
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(self.sample_generator)
+        with torch.cuda.graph(graph):
+            self.update_step()
+        self.update_graph = graph
+
+    @property
+    def graphs_enabled(self) -> bool:
+        return self.device.type == "cuda" and self.config.train.cuda_graphs
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """A new batch (OOM guard): the update graph is rebuilt at the next update."""
+        self.batch_size = batch_size
+        self.update_graph = None
+
+    # ---------------------------------------------------------------- one epoch
+    def collect(self) -> dict[str, float]:
+        steps = self.config.collect.steps_per_epoch
+        if self.graphs_enabled and self.collector.graph is None:
+            self.collector.capture()
+            steps = max(steps - 3, 0)  # the capture ran 2 warm-up steps + 1 captured step
+        self.collector.run(steps)
+        return self.collector.take_stats()  # host sync: epoch stats
+
+    def can_update(self) -> bool:
+        return int(self.replay.sampleable()) >= max(self.config.replay.min_fill, self.batch_size)  # host sync
+
+    def train_updates(self, count: int) -> int:
+        done = 0
+        if self.graphs_enabled and self.update_graph is None and count > 0:
+            before = self.updates_done
+            self._capture_update()
+            done += self.updates_done - before
+        while done < count:
+            if self.update_graph is not None:
+                self.update_graph.replay()
+            else:
+                self.update_step()
+            self.updates_done += 1
+            done += 1
+        return done
+
+    def run_epoch(self) -> EpochStats:
+        """Collect, then update; after an out-of-memory error (OomGuard) only the missing updates run again."""
+        start = time.perf_counter()
+        if self.pending is None:
+            self.beta.fill_(beta_at(self.config, self.epoch))
+            self.pending = {"collected": self.collect(), "updates": 0}
+        collected = self.pending["collected"]
+        if self.can_update():
+            wanted = updates_per_epoch(self.config, self.batch_size)
+            while self.pending["updates"] < wanted:
+                self.pending["updates"] += self.train_updates(1)
+        updates = self.pending["updates"]
+        self.pending = None
+        values = {key: float(v) / max(updates, 1) for key, v in self.stat_sums.items()}  # host sync
+        for v in self.stat_sums.values():
+            v.zero_()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        env_steps = self.config.collect.num_envs * self.config.collect.steps_per_epoch
+        values.update({
+            "collect_reward": collected["reward"] / env_steps, "collect_pnl": collected["pnl"],
+            "episodes_done": collected["episodes_done"], "env_steps_per_s": env_steps / seconds,
+            "updates_per_s": updates / seconds, "batch_size": self.batch_size,
+        })
+        if self.device.type == "cuda":
+            values["gpu_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        self.epoch += 1
+        stats = EpochStats(self.epoch, env_steps, updates, seconds, values)
+        return stats
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "config": config_to_dict(self.config),
+            "epoch": self.epoch,
+            "updates_done": self.updates_done,
+            "batch_size": self.batch_size,
+            "learner": self.learner.state_dict(),
+            "replay": self.replay.state_dict(),
+            "collector": self.collector.state_dict(),
+            "generators": {"sample": self.sample_generator.get_state(), "act": self.act_generator.get_state(),
+                           "torch_cpu": torch.get_rng_state(),
+                           "torch_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda"
+                           else torch.empty(0, dtype=torch.uint8)},
+            "history": self.history,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved_net = state["config"]["net"]
+        current = config_to_dict(self.config)["net"]
+        if saved_net != current:
+            changed = sorted(k for k in current if saved_net.get(k) != current[k])
+            raise UserError(
+                f"checkpoint networks differ from this config in net.{', net.'.join(changed)}: resume with the "
+                "run's own config.toml, or start a new run"
+            )
+        self.learner.load_state_dict(state["learner"])
+        self.replay.load_state_dict(state["replay"])
+        self.collector.load_state_dict(state["collector"])
+        self.sample_generator.set_state(state["generators"]["sample"])
+        self.act_generator.set_state(state["generators"]["act"])
+        torch.set_rng_state(state["generators"]["torch_cpu"])
+        if self.device.type == "cuda" and state["generators"]["torch_cuda"].numel():
+            torch.cuda.set_rng_state(state["generators"]["torch_cuda"], self.device)
+        self.epoch = int(state["epoch"])
+        self.updates_done = int(state["updates_done"])
+        self.history = list(state["history"])
+
+    def save(self, run_dir: Path) -> Path:
+        return save_checkpoint(run_dir / CHECKPOINT_NAME, self.state_dict())
+
+    def restore(self, run_dir: Path) -> None:
+        self.load_state_dict(load_checkpoint(run_dir / CHECKPOINT_NAME, map_location=self.device))
+
+
+def market_to(market: Market, device: torch.device) -> Market:
+    """The same market with its tensors on ``device`` (loaded on the CPU before the plan existed)."""
+    return dataclasses.replace(market, features=market.features.to(device), prices=market.prices.to(device),
+                               atr=market.atr.to(device))
+
+
+def write_run_config(run_dir: Path, config: Config) -> None:
+    atomic_write_text(run_dir / "config.toml", dump_config(config))

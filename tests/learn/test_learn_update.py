@@ -1,0 +1,151 @@
+"""The update step on CPU: outputs, gradients everywhere, determinism, learning, targets, exact resume."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from learn_helpers import SMALL_NET, STATE_DIM, make_batch, make_learner, small_config
+
+from fitdqn.config import Config, NetConfig
+from fitdqn.learn import OUTPUT_KEYS, Learner
+
+
+def test_update_returns_the_contract():
+    learner = make_learner()
+    out = learner.update(make_batch(32))
+    assert set(OUTPUT_KEYS) <= set(out)
+    for key, value in out.items():
+        assert isinstance(value, torch.Tensor) and not value.requires_grad
+        assert torch.isfinite(value).all(), key
+        assert value.shape == ((32,) if key == "priorities" else ()), key
+    assert torch.all(out["priorities"] > 0)
+    expected = out["c51_loss"] + out["iqn_loss"] + out["iql_loss"]  # default loss weights are 1
+    torch.testing.assert_close(out["loss"], expected)
+    assert int(learner.step) == 1
+
+
+def test_every_parameter_gets_a_gradient():
+    learner = make_learner()
+    learner.update(make_batch(64))
+    for name, p in [*learner.online.named_parameters(), *learner.value.named_parameters()]:
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert all(not p.requires_grad for p in learner.target.parameters())
+
+
+def test_two_seeded_updates_are_identical():
+    outs, params = [], []
+    for _ in range(2):
+        learner = make_learner(seed=3)
+        batch = make_batch(32, seed=4)
+        torch.manual_seed(5)
+        out = [learner.update(batch) for _ in range(2)][-1]
+        outs.append(out)
+        params.append([p.detach().clone() for p in learner.params])
+    for key in outs[0]:
+        assert torch.equal(outs[0][key], outs[1][key]), key
+    for a, b in zip(*params, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_loss_falls_on_a_fixed_toy_batch():
+    """Terminal transitions (discount 0): the C51 and IQN targets are the rewards, fixed, so the loss must
+    fall steadily (with bootstrapping the targets move with the nets and the curve is not monotone)."""
+    learner = make_learner(config=small_config(lr=3e-3, target_tau=0.05))
+    batch = make_batch(64, seed=1)
+    batch["discount"].zero_()
+    torch.manual_seed(0)
+    outs = [learner.update(batch) for _ in range(60)]
+    for key in ("loss", "c51_loss", "iqn_loss"):
+        first = torch.stack([o[key] for o in outs[:3]]).mean()
+        last = torch.stack([o[key] for o in outs[-3:]]).mean()
+        assert last < 0.6 * first, key
+
+
+def test_parameters_move_and_soft_target_follows():
+    learner = make_learner(config=small_config(target_update="soft", target_tau=0.1))
+    before_online = [p.detach().clone() for p in learner.online_params]
+    before_target = [p.detach().clone() for p in learner.target_params]
+    learner.update(make_batch(16))
+    for old_t, old_o, online, target in zip(before_target, before_online, learner.online_params,
+                                            learner.target_params, strict=True):
+        torch.testing.assert_close(target, old_t + 0.1 * (online - old_t))
+        assert not torch.equal(old_o, online) or old_o.numel() == 0
+
+
+def test_hard_target_copies_exactly_every_period():
+    learner = make_learner(config=small_config(target_update="hard", target_period=3))
+    initial = [p.detach().clone() for p in learner.target_params]
+    batch = make_batch(16)
+    for _ in range(2):
+        learner.update(batch)
+        assert all(torch.equal(a, b) for a, b in zip(initial, learner.target_params, strict=True))
+    learner.update(batch)
+    assert all(torch.equal(a, b) for a, b in zip(learner.online_params, learner.target_params, strict=True))
+    learner.update(batch)
+    assert not all(torch.equal(a, b) for a, b in zip(learner.online_params, learner.target_params, strict=True))
+
+
+def test_exact_resume_from_state_dict():
+    learner = make_learner(seed=0)
+    batch = make_batch(16)
+    learner.update(batch)
+    saved = copy.deepcopy(learner.state_dict())
+    torch.manual_seed(7)
+    expected = learner.update(batch)
+    other = make_learner(seed=1)  # different weights, then loaded in place
+    addresses = [p.data_ptr() for p in other.params]
+    other.load_state_dict(saved)
+    assert [p.data_ptr() for p in other.params] == addresses
+    assert int(other.step) == 1
+    torch.manual_seed(7)
+    got = other.update(batch)
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+    for a, b in zip(learner.params, other.params, strict=True):
+        assert torch.equal(a, b)
+    assert int(other.step) == 2
+
+
+def test_state_dict_mismatch_is_refused():
+    small = make_learner()
+    bigger = Learner(Config(net=NetConfig(**{**SMALL_NET.__dict__, "iql_hidden": 8})), STATE_DIM, "cpu")
+    with pytest.raises((ValueError, RuntimeError)):
+        bigger.load_state_dict(small.state_dict())
+
+
+@pytest.mark.parametrize("options", [
+    {"iql_in_target": True},
+    {"precision": "bf16"},
+    {"risk": "cvar", "iqn_loss_weight": 0.5, "iql_loss_weight": 2.0},
+])
+def test_update_variants_run_and_stay_finite(options):
+    learner = make_learner(config=small_config(**options))
+    out = learner.update(make_batch(32))
+    assert all(torch.isfinite(v).all() for v in out.values())
+    if "iqn_loss_weight" in options:
+        expected = out["c51_loss"] + 0.5 * out["iqn_loss"] + 2.0 * out["iql_loss"]
+        torch.testing.assert_close(out["loss"], expected)
+
+
+def test_iql_in_target_changes_the_td_target():
+    outs = []
+    for flag in (False, True):
+        learner = make_learner(config=small_config(iql_in_target=flag))
+        torch.nn.init.constant_(learner.value.fc3.bias, 5.0)  # V(s') far from the target net's Q
+        torch.manual_seed(0)
+        outs.append(learner.update(make_batch(32)))
+    assert not torch.equal(outs[0]["c51_loss"], outs[1]["c51_loss"])
+    assert not torch.equal(outs[0]["iqn_loss"], outs[1]["iqn_loss"])
+    torch.testing.assert_close(outs[0]["iql_loss"], outs[1]["iql_loss"])
+
+
+def test_unequal_branches():
+    config = Config(net=NetConfig(**{**SMALL_NET.__dict__, "branches": (5, 3, 2)}))
+    learner = make_learner(config=config)
+    out = learner.update(make_batch(32, config=config))
+    assert torch.isfinite(out["loss"])
+    actions = learner.act(torch.randn(500, SMALL_NET.window, STATE_DIM), torch.tensor(1.0))
+    assert torch.all(actions < torch.tensor([5, 3, 2])) and torch.all(actions >= 0)
+    assert set(actions[:, 2].tolist()) == {0, 1}

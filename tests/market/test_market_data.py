@@ -1,0 +1,245 @@
+"""Bars: built-ins, files (CSV and Parquet, aliases), every bad-file error, splits, synthetic, contracts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fitdqn.config import Config, with_overrides
+from fitdqn.errors import UserError
+from fitdqn.market.contract import available_contracts, contract_for, load_contract
+from fitdqn.market.data import (
+    builtin_bars,
+    load_bars,
+    read_bars_file,
+    split_bars,
+    synthetic_bars,
+    walk_forward,
+    walk_forward_from_config,
+)
+from fitdqn.market.loader import load_market
+
+
+def good_frame(n: int = 400, seed: int = 0) -> pd.DataFrame:
+    """A valid frame in a user's spelling: Date, Open, High, Low, Close, Vol plus an ignored extra column."""
+    rng = np.random.default_rng(seed)
+    close = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, n)))
+    open_ = close * np.exp(rng.normal(0, 0.002, n))
+    high = np.maximum(open_, close) * 1.003
+    low = np.minimum(open_, close) * 0.997
+    return pd.DataFrame(
+        {
+            "Date": pd.bdate_range("2010-01-04", periods=n).strftime("%Y-%m-%d"),
+            "Open": open_.round(4),
+            "High": high.round(4) + 0.001,
+            "Low": low.round(4) - 0.001,
+            "Close": close.round(4),
+            "Vol": rng.integers(1000, 5000, n),
+            "Adj Close": close,
+        }
+    )
+
+
+def write_csv(tmp_path, frame: pd.DataFrame, name: str = "bars.csv"):
+    path = tmp_path / name
+    frame.to_csv(path, index=False)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- sources
+@pytest.mark.parametrize("name", ["sp500", "nasdaq"])
+def test_builtin_real_bars(name):
+    bars = builtin_bars(name)
+    assert len(bars) == 5031
+    assert list(bars.columns) == ["timestamp", "open", "high", "low", "close", "volume"]
+    assert bars["timestamp"].iloc[0] == pd.Timestamp("1999-01-04")
+    assert bars["timestamp"].iloc[-1] == pd.Timestamp("2018-12-31")
+    assert bars["close"].iloc[0] == pytest.approx(1228.099976 if name == "sp500" else 2208.050049)
+
+
+def test_csv_and_parquet_load_the_same_bars(tmp_path):
+    frame = good_frame()
+    from_csv = read_bars_file(write_csv(tmp_path, frame))
+    parquet = tmp_path / "bars.parquet"
+    frame.assign(Date=pd.to_datetime(frame["Date"])).to_parquet(parquet)
+    from_parquet = read_bars_file(parquet)
+    assert list(from_csv.columns) == ["timestamp", "open", "high", "low", "close", "volume"]
+    pd.testing.assert_frame_equal(from_csv, from_parquet)
+    assert from_csv["close"].to_numpy() == pytest.approx(frame["Close"].to_numpy())
+    assert from_csv["volume"].to_numpy() == pytest.approx(frame["Vol"].to_numpy())  # 'Vol' alias
+    assert load_bars(str(parquet)).equals(from_parquet)
+
+
+def test_aliases_case_and_separate_date_time_columns(tmp_path):
+    frame = good_frame(50)
+    stamps = pd.date_range("2021-03-01 09:30", periods=50, freq="5min")
+    frame = frame.drop(columns=["Date"]).rename(columns={"Open": "OPEN", "High": "high", "Vol": "Volume"})
+    frame.insert(0, "Time", stamps.strftime("%H:%M:%S"))
+    frame.insert(0, "Date", stamps.strftime("%Y-%m-%d"))
+    bars = read_bars_file(write_csv(tmp_path, frame))
+    assert (bars["timestamp"].to_numpy() == stamps.to_numpy()).all()
+    parquet = tmp_path / "indexed.parquet"
+    good_frame(50).drop(columns=["Date"]).set_index(stamps.rename("when")).to_parquet(parquet)
+    assert (read_bars_file(parquet)["timestamp"].to_numpy() == stamps.to_numpy()).all()  # DatetimeIndex
+
+
+# ---------------------------------------------------------------------------------------------- bad files
+def _error(tmp_path, frame, name="bad.csv") -> str:
+    with pytest.raises(UserError) as info:
+        read_bars_file(write_csv(tmp_path, frame, name))
+    return str(info.value)
+
+
+def test_missing_column_is_named(tmp_path):
+    message = _error(tmp_path, good_frame(20).drop(columns=["Vol"]))
+    assert "no 'volume' column" in message and "Vol" not in message.split("columns found:")[1].split(";")[0]
+    assert "rename" in message
+    assert "no timestamp column" in _error(tmp_path, good_frame(20).drop(columns=["Date"]))
+
+
+def test_nan_names_column_and_row(tmp_path):
+    frame = good_frame(20)
+    frame.loc[7, "Close"] = np.nan
+    message = _error(tmp_path, frame)
+    assert "'Close'" in message and "data row 8" in message and "NaN" in message
+    assert "fill" in message or "drop" in message
+
+
+def test_non_numeric_value(tmp_path):
+    frame = good_frame(20).astype({"High": object})
+    frame.loc[3, "High"] = "n/a?"
+    message = _error(tmp_path, frame)
+    assert "'High'" in message and "data row 4" in message and "not a number" in message
+
+
+def test_unparseable_and_missing_timestamps(tmp_path):
+    frame = good_frame(20)
+    frame.loc[5, "Date"] = "yesterday"
+    assert "cannot read 'yesterday' as a time" in _error(tmp_path, frame)
+
+
+@pytest.mark.parametrize("swap", ["duplicate", "backwards"])
+def test_non_increasing_timestamps(tmp_path, swap):
+    frame = good_frame(20)
+    if swap == "duplicate":
+        frame.loc[10, "Date"] = frame.loc[9, "Date"]
+    else:
+        frame.loc[[9, 10], "Date"] = frame.loc[[10, 9], "Date"].to_numpy()
+    message = _error(tmp_path, frame)
+    assert "strictly increase" in message and "data row 11" in message and "sort the file" in message
+
+
+@pytest.mark.parametrize(
+    "column, value, expected",
+    [
+        ("High", 1.0, "high"),  # high below low
+        ("Open", 1e6, "open"),  # open above high
+        ("Close", 1e-3, "close"),  # close below low
+        ("Vol", -5, "volume -5"),
+    ],
+)
+def test_inconsistent_bars(tmp_path, column, value, expected):
+    frame = good_frame(20)
+    frame.loc[12, column] = value
+    message = _error(tmp_path, frame)
+    assert "data row 13" in message and expected in message and "low <= open, close <= high" in message
+
+
+def test_unsupported_and_missing_files(tmp_path):
+    (tmp_path / "bars.xlsx").write_text("x")
+    with pytest.raises(UserError, match="unsupported file type '.xlsx'"):
+        read_bars_file(tmp_path / "bars.xlsx")
+    with pytest.raises(UserError, match="not found"):
+        read_bars_file(tmp_path / "nope.csv")
+    with pytest.raises(UserError, match="neither a built-in"):
+        load_bars("spx500")
+
+
+def test_too_few_bars_for_warmup_and_episode(tmp_path):
+    path = write_csv(tmp_path, good_frame(300))
+    config = with_overrides(Config(), {"market.data": str(path)})
+    with pytest.raises(UserError) as info:
+        load_market(config.market, window=8)  # episode_length 256 + warm-up 140 > 210 training bars
+    message = str(info.value)
+    assert "300 bars" in message and "warm-up 140" in message and "episode_length 256" in message
+    assert "lower market.episode_length" in message
+    small = with_overrides(config, {"market.episode_length": 32})
+    market = load_market(small.market, window=8)
+    assert market.num_bars == 300 and market.contract.name == "generic"
+
+
+# ---------------------------------------------------------------------------------------------- splits
+def test_splits_are_time_ordered_and_cover_everything():
+    splits = split_bars(5031, 0.7, 0.15)
+    assert [s.name for s in splits.values()] == ["train", "validation", "test"]
+    assert splits["train"].start == 0 and splits["test"].stop == 5031
+    assert (
+        splits["train"].stop == splits["validation"].start
+        and splits["validation"].stop == splits["test"].start
+    )
+    assert len(splits["train"]) == 3522 and len(splits["validation"]) == 754
+    with pytest.raises(UserError):
+        split_bars(100, 0.9, 0.2)
+
+
+def test_walk_forward_folds():
+    folds = list(walk_forward(1000, 3, 100, end=900))
+    assert [(t.start, t.stop, v.start, v.stop) for t, v in folds] == [
+        (0, 600, 600, 700),
+        (0, 700, 700, 800),
+        (0, 800, 800, 900),
+    ]
+    rolling = list(walk_forward(1000, 2, 100, train_bars=300))
+    assert [(t.start, t.stop) for t, _ in rolling] == [(500, 800), (600, 900)]
+    config_folds = list(walk_forward_from_config(Config().market, 5031, 5))
+    assert config_folds[-1][1].stop == split_bars(5031, 0.7, 0.15)["validation"].stop
+    with pytest.raises(UserError):
+        list(walk_forward(100, 5, 30))
+
+
+# ---------------------------------------------------------------------------------------------- synthetic
+def test_synthetic_is_seeded_and_realistic():
+    a, b, c = synthetic_bars(3000, 0.3, 0), synthetic_bars(3000, 0.3, 0), synthetic_bars(3000, 0.3, 1)
+    pd.testing.assert_frame_equal(a, b)
+    assert not np.allclose(a["close"], c["close"])
+    r = np.diff(np.log(a["close"].to_numpy()))
+    vol = pd.Series(r).rolling(60).std().dropna()
+    assert vol.max() / vol.min() > 2.0  # volatility regimes
+    z = (r - r.mean()) / r.std()
+    assert (np.abs(z) > 5).sum() >= 3  # fat tails / jumps
+    v = a["volume"].to_numpy()
+    assert np.corrcoef(np.log(v[1:]), np.abs(r))[0, 1] > 0.1  # volume rises with the move
+
+
+def test_synthetic_signal_plants_momentum():
+    def lag_corr(signal):
+        close = synthetic_bars(6000, signal, 3)["close"].to_numpy()
+        r = np.diff(np.log(close))
+        return np.corrcoef(r[:-1], r[1:])[0, 1]
+
+    assert abs(lag_corr(0.0)) < 0.05
+    assert lag_corr(0.3) > 0.15
+
+
+# ---------------------------------------------------------------------------------------------- contracts
+def test_contracts_auto_and_by_path(tmp_path):
+    assert set(available_contracts()) >= {"es", "nq", "generic"}
+    assert contract_for("auto", "sp500").name == "es"
+    assert contract_for("auto", "nasdaq").name == "nq"
+    assert contract_for("auto", "synthetic").name == "generic"
+    assert contract_for("auto", "/data/cl.csv").name == "generic"
+    es = load_contract("es")
+    assert (es.multiplier, es.tick_size, es.slippage) == (50.0, 0.25, 0.25)
+    assert es.cost_per_side == pytest.approx(2.25 + 12.5)
+    path = tmp_path / "cl.toml"
+    path.write_text(
+        'name = "cl"\nmultiplier = 1000\ntick_size = 0.01\ncommission = 2.0\nslippage_ticks = 2\n'
+    )
+    cl = contract_for(str(path), "mine.csv")
+    assert cl.multiplier == 1000.0 and cl.slippage == pytest.approx(0.02)
+    path.write_text('name = "cl"\nmultiplier = 1000\n')
+    with pytest.raises(UserError, match="missing key"):
+        load_contract(str(path))
+    with pytest.raises(UserError, match="unknown contract 'zz'"):
+        load_contract("zz")

@@ -1,0 +1,125 @@
+"""Trunk attention, dueling aggregation, branch padding, fused IQN head against its plain reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fitdqn.config import NetConfig
+from fitdqn.nets import BranchingDuelingC51, IQNHead, LastTokenAttention, QNetwork, ValueNet, dueling
+from fitdqn.nets.iqn import cosine_embedding
+
+SMALL = NetConfig(window=4, trunk_hidden=32, d_model=16, attention_heads=4, stream_hidden=16, num_atoms=11,
+                  iqn_embedding=8, iqn_quantiles=8, iqn_act_quantiles=4, iqn_chunk=3, iql_hidden=16)
+
+
+def test_dueling_aggregation_matches_formula():
+    torch.manual_seed(0)
+    value, advantage = torch.randn(4, 11), torch.randn(4, 5, 11)
+    out = dueling(value, advantage)
+    for b in range(4):
+        for a in range(5):
+            expected = value[b] + advantage[b, a] - advantage[b].mean(dim=0)
+            torch.testing.assert_close(out[b, a], expected)
+    # the advantage part has zero mean over sub-actions: the mean over actions is the value stream
+    torch.testing.assert_close(out.mean(dim=1), value)
+
+
+def test_c51_head_shapes_and_padding_of_unequal_branches():
+    torch.manual_seed(0)
+    head = BranchingDuelingC51(16, 8, (5, 3, 4), 11)
+    logits = head(torch.randn(6, 16))
+    assert logits.shape == (6, 3, 5, 11)
+    assert torch.all(logits[:, 1, 3:] == 0) and torch.all(logits[:, 2, 4:] == 0)
+    net = QNetwork(NetConfig(**{**SMALL.__dict__, "branches": (5, 3, 4)}), state_dim=10)
+    q = torch.randn(200, 3, 5)
+    q[:, 1, 3:] = 100.0  # padded sub-actions must never win
+    q[:, 2, 4] = 100.0
+    greedy = net.greedy(q)
+    assert torch.all(greedy[:, 1] < 3) and torch.all(greedy[:, 2] < 4)
+
+
+def full_self_attention_last_row(block: LastTokenAttention, tokens: torch.Tensor) -> torch.Tensor:
+    """Reference: full W x W multi-head self-attention with explicit weights, then the last token."""
+    batch, window, d = tokens.shape
+    heads, dh = block.heads, d // block.heads
+    q = block.query(tokens).view(batch, window, heads, dh).transpose(1, 2)  # [B, H, W, dh]
+    k, v = block.key_value(tokens).view(batch, window, 2, heads, dh).unbind(2)
+    k, v = k.transpose(1, 2), v.transpose(1, 2)
+    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(dh), dim=-1)  # [B, H, W, W]
+    out = (weights @ v).transpose(1, 2).reshape(batch, window, d)  # [B, W, d]
+    return F.layer_norm(tokens + block.out(out), (d,), block.norm.weight, block.norm.bias)[:, -1]
+
+
+def test_last_token_attention_is_the_last_row_of_full_self_attention():
+    torch.manual_seed(0)
+    block = LastTokenAttention(16, 4)
+    tokens = torch.randn(5, 6, 16)
+    torch.testing.assert_close(block(tokens), full_self_attention_last_row(block, tokens))
+
+
+def test_cosine_embedding():
+    taus = torch.tensor([[0.0, 0.25, 1.0]])
+    frequencies = math.pi * torch.arange(4.0)
+    emb = cosine_embedding(taus, frequencies)
+    assert emb.shape == (1, 3, 4)
+    torch.testing.assert_close(emb[0, 1], torch.cos(math.pi * torch.arange(4.0) * 0.25))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8, 20])
+def test_fused_iqn_head_matches_plain_autograd(chunk):
+    torch.manual_seed(0)
+    head = IQNHead(16, 8, 15, chunk).double()
+    features = torch.randn(4, 16, dtype=torch.float64, requires_grad=True)
+    taus = torch.rand(4, 8, dtype=torch.float64)
+    upstream = torch.randn(4, 8, 15, dtype=torch.float64)
+    fused = head(features, taus)
+    grads_fused = torch.autograd.grad((fused * upstream).sum(), [features, *head.parameters()])
+    ref = head.reference(features, taus)
+    grads_ref = torch.autograd.grad((ref * upstream).sum(), [features, *head.parameters()])
+    torch.testing.assert_close(fused.double(), ref.double())
+    for a, b in zip(grads_fused, grads_ref, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_fused_iqn_head_gradcheck():
+    torch.manual_seed(0)
+    head = IQNHead(6, 4, 5, 2).double()
+    features = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    taus = torch.rand(3, 5, dtype=torch.float64)
+    params = [p.detach().requires_grad_() for p in head.parameters()]
+
+    def fn(x, w1, b1, w2, b2):
+        from fitdqn.nets.iqn import QuantileHeadFunction
+
+        return QuantileHeadFunction.apply(x, taus, head.frequencies.double(), w1, b1, w2, b2, 2, torch.float64)
+
+    assert torch.autograd.gradcheck(fn, (features, *params))
+
+
+def test_fused_iqn_head_under_bf16_autocast_is_close_to_reference():
+    torch.manual_seed(0)
+    head = IQNHead(16, 8, 15, 3)
+    features = torch.randn(4, 16)
+    taus = torch.rand(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused, ref = head(features, taus), head.reference(features, taus)
+    assert fused.dtype == torch.float32
+    torch.testing.assert_close(fused, ref, atol=3e-2, rtol=3e-2)
+
+
+def test_qnetwork_and_value_net_shapes():
+    torch.manual_seed(0)
+    net = QNetwork(SMALL, state_dim=10)
+    obs = torch.randn(3, SMALL.window, 10)
+    features = net.features(obs)
+    assert features.shape == (3, SMALL.d_model)
+    logits = net.c51_logits(features)
+    assert logits.shape == (3, 3, 5, SMALL.num_atoms)
+    q = net.q_values(logits)
+    assert q.shape == (3, 3, 5) and torch.all(q.abs() <= SMALL.v_max)
+    assert net.quantiles(features, torch.rand(3, 7)).shape == (3, 7, 3, 5)
+    assert ValueNet(10, 16)(obs[:, -1]).shape == (3,)

@@ -1,0 +1,112 @@
+"""Plain-Python references and a fake lockstep env for the replay tests (no torch tricks here)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fitdqn.replay.spec import FieldSpec
+
+AGENT_DIM = 6
+GOAL_COLUMN = 4
+
+
+def transition_spec() -> dict[str, FieldSpec]:
+    return {
+        "bar": FieldSpec((), torch.int32),
+        "agent": FieldSpec((AGENT_DIM,), torch.float32),
+        "action": FieldSpec((3,), torch.uint8),
+        "reward": FieldSpec((), torch.float32),
+        "achieved": FieldSpec((), torch.float32),
+        "next_agent": FieldSpec((AGENT_DIM,), torch.float32),
+        "episode_step": FieldSpec((), torch.int32),
+        "flags": FieldSpec((), torch.uint8),
+    }
+
+
+def goal_reward(before: torch.Tensor, after: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
+    """A bonus of 0.5 when the cumulative reward crosses the goal upwards (-0.5 downwards)."""
+    return 0.5 * ((after >= goal).float() - (before >= goal).float())
+
+
+class FakeEnv:
+    """E episodes stepped in lockstep; episodes last `length` steps unless a terminal step cuts them short.
+
+    Keeps every row ever written (by absolute step) plus an episode id per row, for the references.
+    """
+
+    def __init__(self, num_envs: int, length: int, terminal_probability: float = 0.0,
+                 terminal_sets_end: bool = True, seed: int = 0):
+        self.num_envs, self.length = num_envs, length
+        self.terminal_probability = terminal_probability
+        self.terminal_sets_end = terminal_sets_end
+        self.rng = np.random.default_rng(seed)
+        self.episode_step = np.zeros(num_envs, dtype=np.int64)
+        self.achieved = np.zeros(num_envs, dtype=np.float32)
+        self.goal = self.rng.normal(size=num_envs).astype(np.float32)
+        self.episode_id = np.arange(num_envs)
+        self.next_episode = num_envs
+        self.log: list[dict[str, np.ndarray]] = []
+
+    def step(self) -> dict[str, torch.Tensor]:
+        E, rng = self.num_envs, self.rng
+        reward = rng.normal(scale=0.5, size=E).astype(np.float32)
+        achieved = (self.achieved + reward).astype(np.float32)
+        reward = (achieved - self.achieved).astype(np.float32)  # so achieved - reward is exact-ish
+        terminal = rng.random(E) < self.terminal_probability
+        last = self.episode_step == self.length - 1
+        ends = last | (terminal & self.terminal_sets_end)
+        flags = terminal.astype(np.uint8) | (ends.astype(np.uint8) << 1)
+        agent = rng.normal(size=(E, AGENT_DIM)).astype(np.float32)
+        agent[:, GOAL_COLUMN] = self.goal
+        next_agent = rng.normal(size=(E, AGENT_DIM)).astype(np.float32)
+        next_agent[:, GOAL_COLUMN] = self.goal
+        rows = {
+            "bar": rng.integers(10, 1000, size=E).astype(np.int32),
+            "agent": agent,
+            "action": rng.integers(0, 5, size=(E, 3)).astype(np.uint8),
+            "reward": reward,
+            "achieved": achieved,
+            "next_agent": next_agent,
+            "episode_step": self.episode_step.astype(np.int32),
+            "flags": flags,
+        }
+        self.log.append({**{k: v.copy() for k, v in rows.items()}, "episode_id": self.episode_id.copy()})
+        done = last | terminal
+        self.achieved = np.where(done, 0.0, achieved).astype(np.float32)
+        self.episode_step = np.where(done, 0, self.episode_step + 1)
+        fresh = np.cumsum(done) - 1 + self.next_episode
+        self.episode_id = np.where(done, fresh, self.episode_id)
+        self.next_episode += int(done.sum())
+        self.goal = np.where(done, rng.normal(size=E), self.goal).astype(np.float32)
+        return {k: torch.from_numpy(v) for k, v in rows.items()}
+
+
+def absolute_step(slot: int, num_envs: int, steps: int, written: int) -> tuple[int, int]:
+    """(absolute step, env) stored in ``slot`` when ``written`` steps have been written."""
+    row, env = divmod(slot, num_envs)
+    return written - 1 - ((written - 1 - row) % steps), env
+
+
+def nstep_reference(log, step: int, env: int, n: int, gamma: float, goal: float, with_goal_reward: bool):
+    """(return, discount, last absolute step) by a plain loop over the logged rows."""
+    total, last = 0.0, step
+    for k in range(n):
+        row = log[step + k]
+        reward = torch.tensor(row["reward"][env])
+        if with_goal_reward:
+            achieved = torch.tensor(row["achieved"][env])
+            goal_tensor = torch.tensor(goal, dtype=torch.float32)
+            reward = reward + goal_reward(achieved - reward, achieved, goal_tensor)
+        total += gamma**k * float(reward)
+        last = step + k
+        if row["flags"][env] & 3:
+            break
+    terminal = bool(log[last]["flags"][env] & 1)
+    discount = 0.0 if terminal else gamma ** (last - step + 1)
+    return total, discount, last
+
+
+def tree_reference_find(leaves: np.ndarray, mass: np.ndarray) -> np.ndarray:
+    """Index i with prefix(i) <= mass < prefix(i + 1) by cumsum + searchsorted."""
+    return np.searchsorted(np.cumsum(leaves), mass, side="right")

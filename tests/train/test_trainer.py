@@ -1,0 +1,104 @@
+"""End-to-end runs on a small synthetic market (CPU): report, resume, corrupt checkpoint, OOM guard."""
+
+import json
+
+import pytest
+import torch
+
+from fitdqn.errors import UserError
+from fitdqn.train.checkpoint import CheckpointError
+from fitdqn.train.run import evaluate_run, train
+from fitdqn.train.trainer import Trainer
+
+
+def params(trainer: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in trainer.learner.params]
+
+
+def test_end_to_end_writes_the_run_directory(small_config, tmp_path):
+    config = small_config()
+    report = train(config, tmp_path / "run")
+    run = tmp_path / "run"
+    for name in ("config.toml", "plan.json", "metrics.jsonl", "checkpoint.pt", "report.json", "report.md",
+                 "equity_test.png", "learning_curves.png", "vram.png"):
+        assert (run / name).is_file(), name
+    assert list((run / "tensorboard").iterdir())
+    assert report["epochs"] == 4 and report["updates"] > 0
+    for split in ("validation", "test"):
+        assert {"agent", "buy_and_hold", "random"} <= set(report[split])
+        assert report[split]["agent"]["sharpe"] is not None
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["batch_size"] == 64 and plan["batch_source"] == "user"
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in lines if r["kind"] == "epoch"] == [1, 2, 3, 4]
+    assert any("validation_sharpe" in r for r in lines)
+    evaluated = evaluate_run(run, "validation", "cpu")
+    assert evaluated["agent"]["sharpe"] == pytest.approx(report["validation"]["agent"]["sharpe"])
+
+
+def interrupt_after(epochs: int):
+    """A trainer hook: Ctrl-C arrives when epoch ``epochs + 1`` would start."""
+
+    def hook(trainer: Trainer):
+        run_epoch = trainer.run_epoch
+
+        def interrupted():
+            if trainer.epoch == epochs:
+                raise KeyboardInterrupt
+            return run_epoch()
+
+        trainer.run_epoch = interrupted
+
+    return hook
+
+
+def test_resume_equals_uninterrupted(small_config, tmp_path):
+    straight = {}
+    train(small_config(), tmp_path / "a", trainer_hook=lambda t: straight.setdefault("trainer", t))
+    with pytest.raises(KeyboardInterrupt):
+        train(small_config(), tmp_path / "b", trainer_hook=interrupt_after(3))
+    resumed = {}
+    train(small_config(), tmp_path / "b", resume=True, trainer_hook=lambda t: resumed.setdefault("trainer", t))
+    a, b = straight["trainer"], resumed["trainer"]
+    assert a.epoch == b.epoch == 4 and a.updates_done == b.updates_done
+    for x, y in zip(params(a), params(b), strict=True):
+        assert torch.equal(x, y)
+    losses = lambda t: [r["loss"] for r in t.history]  # noqa: E731
+    assert losses(a) == losses(b)
+    assert len(b.history) == 4
+
+
+def test_corrupt_checkpoint_is_an_error_not_a_fresh_start(small_config, tmp_path):
+    run = tmp_path / "run"
+    train(small_config(**{"train.epochs": 2}), run)
+    checkpoint = run / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="corrupt"):
+        train(small_config(), run, resume=True)
+    with pytest.raises(UserError, match="no checkpoint.pt"):
+        train(small_config(), tmp_path / "empty", resume=True)
+
+
+def test_oom_guard_replans_and_goes_on(small_config, tmp_path, monkeypatch):
+    seen = {}
+
+    def inject(trainer: Trainer):
+        original = trainer.update_step
+        calls = {"n": 0}
+
+        def flaky():
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise torch.OutOfMemoryError("injected: CUDA out of memory")
+            original()
+
+        trainer.update_step = flaky
+        seen["trainer"] = trainer
+
+    report = train(small_config(**{"budget.batch_size": 128, "replay.min_fill": 128}), tmp_path / "run",
+                   trainer_hook=inject)
+    trainer = seen["trainer"]
+    assert trainer.batch_size == 64
+    assert report["epochs"] == 4
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any(e["kind"] == "oom" and e["old_batch"] == 128 and e["new_batch"] == 64 for e in events)
