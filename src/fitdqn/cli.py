@@ -116,7 +116,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def run_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from fitdqn.train.run import resume_config, train
+    from fitdqn.train.run import default_run_dir, resume_config, train
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -125,7 +125,7 @@ def run_train(args: argparse.Namespace) -> int:
         config = config_from_args(args, base=base)
     else:
         config = config_from_args(args)
-        run_dir = Path(config.train.out)
+        run_dir = Path(config.train.out) if config.train.out else default_run_dir()
     train(config, run_dir, resume=bool(args.resume))
     return 0
 

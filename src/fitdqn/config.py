@@ -114,7 +114,7 @@ class MarketConfig:
 class CollectConfig:
     """Experience collection on the vectorised environment."""
 
-    num_envs: int = knob(4096, "parallel episodes stepped on the device")
+    num_envs: int = knob(0, "parallel episodes stepped on the device; 0 = auto: 4096 on a GPU, 128 on the CPU")
     steps_per_epoch: int = knob(64, "env steps per parallel episode in each epoch")
 
 
@@ -145,8 +145,11 @@ class TrainConfig:
     eval_every: int = knob(5, "epochs between validation backtests")
     checkpoint_every: int = knob(5, "epochs between checkpoints")
     eval_seeds: int = knob(3, "seeds for the random-policy baseline in evaluation")
-    capital: float = knob(100_000.0, "account size the backtest's returns, Sharpe and drawdown are measured on")
-    out: str = knob("runs/latest", "run directory")
+    capital: float = knob(
+        0.0, "account size for backtest returns, Sharpe, drawdown; 0 = auto: the notional of market.max_contracts "
+        "at the split's first price (no leverage at full size)"
+    )
+    out: str = knob("", "run directory; empty = runs/<date>-<time>; an existing run is only continued by --resume")
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,17 @@ def with_overrides(config: Config, overrides: dict[str, Any]) -> Config:
     return config_from_dict(nested, config)
 
 
+AUTO_NUM_ENVS = {"cuda": 4096, "cpu": 128}  # collect.num_envs = 0: enough envs to keep each device busy
+
+
+def for_device(config: Config, device_kind: str) -> Config:
+    """Resolve the 'auto' values that depend on the device kind ('cuda' or 'cpu')."""
+    if config.collect.num_envs == 0:
+        collect = dataclasses.replace(config.collect, num_envs=AUTO_NUM_ENVS[device_kind])
+        config = dataclasses.replace(config, collect=collect)
+    return config
+
+
 def validate(config: Config) -> None:
     """Cross-field checks with a message that says what to change."""
     b, m, r, n, lrn = config.budget, config.market, config.replay, config.net, config.learn
@@ -285,6 +299,8 @@ def validate(config: Config) -> None:
          and m.train_fraction + m.validation_fraction < 1.0,
          "market.train_fraction + market.validation_fraction must be < 1 (the rest is the test split)"),
         (r.capacity > 0, "replay.capacity must be positive"),
+        (config.train.capital >= 0, "train.capital must be positive (or 0 for auto)"),
+        (config.collect.num_envs >= 0, "collect.num_envs must be positive (or 0 for auto)"),
         (0.0 <= r.alpha <= 1.0, "replay.alpha must be in [0, 1]"),
         (n.d_model % n.attention_heads == 0, "net.d_model must be divisible by net.attention_heads"),
         (n.v_min < n.v_max, "net.v_min must be below net.v_max"),

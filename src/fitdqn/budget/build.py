@@ -26,7 +26,7 @@ from fitdqn.budget.component import Component
 from fitdqn.budget.overhead import cuda_overhead_component
 from fitdqn.budget.planner import Plan, make_plan
 from fitdqn.budget.trace import StepFit, StepSetup, fake_device_for, per_sample_bytes, trace_step_memory
-from fitdqn.config import Config, config_to_dict
+from fitdqn.config import Config, config_to_dict, for_device
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import load_profiles, match_profile
 from fitdqn.market.env import GOAL_COLUMN, NUM_AGENT_FIELDS, env_state_bytes, transition_spec
@@ -203,6 +203,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs) -> 
 
 
 def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None) -> Plan:
+    config = for_device(config, device.kind)
     profiles = load_profiles(config.budget.profiles_dir or None)
     profile = match_profile(device.name, profiles)
     inputs = inputs or PlanInputs.from_config(config)

@@ -37,20 +37,20 @@ def device_table(plan: Plan) -> Table:
 def component_table(plan: Plan) -> Table:
     total = plan.device.total_bytes
     table = Table(title=f"where the memory goes at batch {plan.batch_size} (allocation order)", title_justify="left")
-    for column in ("component", "fixed", "per sample", f"at batch {plan.batch_size}", "share of card", "derived from"):
-        table.add_column(column, justify="left" if column in ("component", "derived from") else "right")
+    for column in ("component", "fixed", "per sample", f"at batch {plan.batch_size}", "share of card"):
+        table.add_column(column, justify="left" if column == "component" else "right")
     share = lambda n: f"{100 * n / total:.1f} %" if total else "-"
     for c in plan.components:
         at_batch = c.bytes_at(plan.batch_size)
         table.add_row(
             c.name, format_bytes(c.fixed_bytes), format_bytes(c.per_sample_bytes), format_bytes(at_batch),
-            share(at_batch), c.derived_from,
+            share(at_batch),
         )
     table.add_row("headroom", format_bytes(plan.headroom_bytes), "", format_bytes(plan.headroom_bytes),
-                  share(plan.headroom_bytes), "budget.headroom_fraction x free", style="dim")
+                  share(plan.headroom_bytes), style="dim")
     table.add_row("total", format_bytes(plan.fixed_bytes), format_bytes(plan.per_sample_bytes),
                   format_bytes(plan.planned_bytes + plan.headroom_bytes),
-                  share(plan.planned_bytes + plan.headroom_bytes), "", style="bold")
+                  share(plan.planned_bytes + plan.headroom_bytes), style="bold")
     return table
 
 
@@ -59,6 +59,10 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     console.print(device_table(plan))
     if plan.components:
         console.print(component_table(plan))
+        console.print("derived from:", style="bold")
+        for c in plan.components:
+            console.print(f"  {c.name}: {c.derived_from}", highlight=False, markup=False)
+        console.print("  headroom: budget.headroom_fraction x free memory", highlight=False, markup=False)
     for note in plan.notes:
         console.print(f"note: {note}", style="yellow")
 

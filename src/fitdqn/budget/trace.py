@@ -103,13 +103,14 @@ def fake_device_for(target: torch.device | str) -> tuple[torch.device, str]:
 
     Fake CUDA tensors need a usable GPU: on a CPU-only build the bindings of ``copy_``, indexing and
     ``Module.to`` fail for want of a CUDA device guard, and on a CUDA build with no visible GPU the autograd
-    engine fails in backward ("hasPrimaryContext expects a valid device index"). Without one: fake CPU.
+    engine fails in backward ("hasPrimaryContext expects a valid device index").
+    On a real GPU fake CUDA tensors are not safe either: ``torch.tensor(data)`` under ``FakeTensorMode``
+    copies host data to the fake storage's pointer (an illegal memory access on an H200, torch 2.11). So a
+    CUDA target is always traced on fake CPU tensors under CUDA's autocast rules and kernel-scratch model.
     """
     target = torch.device(target)
-    if target.type == "cuda" and not torch.cuda.is_available():
-        return torch.device("cpu"), "traced on fake CPU tensors (no usable GPU here), CUDA autocast rules"
-    if target.type == "cuda" and target.index is None:
-        target = torch.device("cuda", 0)
+    if target.type == "cuda":
+        return torch.device("cpu"), "traced on fake CPU tensors with CUDA autocast rules"
     return target, ""
 
 

@@ -50,12 +50,12 @@ class Collector:
         self.stats["cost"].add_(out["cost"].sum())
         self.stats["episodes_done"].add_((out["flags"] & 2).ne(0).sum())
 
-    def capture(self, warmup: int = 2) -> None:
+    def capture(self, stream: torch.cuda.Stream | None = None, warmup: int = 2) -> None:
         """Capture :meth:`step` in a CUDA graph (warm-up steps run eagerly on a side stream first).
 
         The warm-up steps are real steps: they write into the replay like any other.
         """
-        stream = torch.cuda.Stream(self.device)
+        stream = stream or torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(warmup):

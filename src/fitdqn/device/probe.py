@@ -56,8 +56,19 @@ def resolve_device(spec: str = "auto") -> torch.device:
     return device
 
 
+ALLOCATOR_CONFIG = "expandable_segments:True"
+
+
+def configure_allocator() -> None:
+    """Expandable segments, unless the user set PYTORCH_CUDA_ALLOC_CONF: a captured update graph's private
+    pool then holds ~92 KiB/sample instead of ~133 KiB/sample at batch 8192 (H200, torch 2.11), same speed.
+    Read by PyTorch at the first CUDA allocation, so it must run before anything touches the GPU."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOCATOR_CONFIG)
+
+
 def probe(spec: str = "auto") -> DeviceInfo:
     """Probe the real device once: name, compute capability, bf16, total and free bytes."""
+    configure_allocator()
     device = resolve_device(spec)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

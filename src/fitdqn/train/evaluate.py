@@ -50,16 +50,26 @@ def backtest_metrics(backtest: Backtest, capital: float, per_year: float) -> dic
     return trading_metrics(backtest.pnl, backtest.position, capital, per_year).to_json()
 
 
+def account_size(market: Market, config: Config, split: str) -> float:
+    """train.capital, or (auto) the notional of market.max_contracts at the split's first open."""
+    if config.train.capital > 0:
+        return config.train.capital
+    first = market.first_bar(split, config.net.window)
+    price = float(market.prices[first, 0])  # host sync: one number
+    return config.market.max_contracts * market.contract.multiplier * price
+
+
 def evaluate_split(learner: Learner, market: Market, config: Config, split: str, seeds: int | None = None
                    ) -> tuple[dict[str, Any], Backtest]:
     """Agent, buy-and-hold and random (mean over ``train.eval_seeds`` seeds) on one split."""
-    capital = config.train.capital
+    capital = account_size(market, config, split)
     timestamps = market.bars["timestamp"]
     per_year = periods_per_year(timestamps)
     agent = evaluate_config(greedy_policy(learner), config, split, market=market)
     hold_pnl = np.diff(agent.buy_and_hold)
     results: dict[str, Any] = {
         "split": split,
+        "capital": capital,
         "bars": len(agent),
         "periods_per_year": per_year,
         "agent": backtest_metrics(agent, capital, per_year),

@@ -28,10 +28,14 @@ from fitdqn.errors import UserError
 from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.train.evaluate import evaluate_split
 from fitdqn.train.logs import RunLogger, read_jsonl
-from fitdqn.train.memory_check import format_rows, step_memory_row
+from fitdqn.train.memory_check import format_rows, peak_memory_row
 from fitdqn.train.oom import OomGuard
 from fitdqn.train.plots import plot_equity, plot_learning_curves
 from fitdqn.train.trainer import CHECKPOINT_NAME, Trainer, write_run_config
+
+
+def default_run_dir() -> Path:
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
 
 
 def resume_config(run_dir: Path) -> Config:
@@ -45,17 +49,22 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
           trainer_hook=None) -> dict[str, Any]:
     """Train (or resume) a run in ``run_dir``; returns the report."""
     console = console or Console()
-    run_dir.mkdir(parents=True, exist_ok=True)
     if resume and not (run_dir / CHECKPOINT_NAME).is_file():
         raise UserError(f"cannot resume: no {CHECKPOINT_NAME} in '{run_dir}'; start a new run without --resume")
+    if not resume and (run_dir / CHECKPOINT_NAME).exists():
+        raise UserError(f"'{run_dir}' already holds a run ({CHECKPOINT_NAME}): continue it with --resume "
+                        f"{run_dir}, or give another --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
     device_info = probe(config.train.device)
     trainer = Trainer(config, device_info)
     print_plan(trainer.plan, console)
     if resume:
         trainer.restore(run_dir)
         console.print(f"resumed from {run_dir / CHECKPOINT_NAME} at epoch {trainer.epoch}")
+    config = trainer.config  # with the device's auto values resolved: what a resume must use
     write_run_config(run_dir, config)
-    plan_record = {**trainer.plan.to_json(), "allocated": trainer.ledger.compare(trainer.plan)}
+    plan_record = {**trainer.plan.to_json(),
+                   "allocated": trainer.ledger.compare(trainer.plan, trainer.persistent_bytes())}
     for line in format_rows(plan_record["allocated"]):
         console.print(line, highlight=False)
     if trainer.device.type != "cuda":
@@ -68,9 +77,6 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     logger = RunLogger(run_dir)
     guard = OomGuard(trainer, console, logger)
     deadline = time.monotonic() + 60 * config.train.minutes if config.train.minutes > 0 else None
-    step_baseline = torch.cuda.memory_allocated(trainer.device) if trainer.device.type == "cuda" else 0
-    if trainer.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(trainer.device)
     try:
         with progress_bar(console) as progress:
             task = progress.add_task("train", total=config.train.epochs, completed=trainer.epoch, status="")
@@ -85,6 +91,9 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
                 trainer.history.append(record)
                 logger.log(stats.epoch, "epoch", record)
                 progress.update(task, completed=stats.epoch, status=status_line(record))
+                if not console.is_terminal:  # logs and pipes get one line per epoch instead of a live bar
+                    console.print(f"epoch {stats.epoch}/{config.train.epochs}  {status_line(record)}",
+                                  highlight=False)
                 if stats.epoch % config.train.checkpoint_every == 0:
                     trainer.save(run_dir)
                 if deadline is not None and time.monotonic() > deadline:
@@ -98,8 +107,8 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     trainer.save(run_dir)
     if trainer.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(trainer.device)
-        plan_record["step"] = step_memory_row(trainer.plan, trainer.device, step_baseline, peak)
-        for line in format_rows([plan_record["step"]]):
+        plan_record["peak"] = peak_memory_row(trainer.plan, peak)
+        for line in format_rows([plan_record["peak"]]):
             console.print(line, highlight=False)
     atomic_write_text(run_dir / "plan.json", json.dumps(plan_record, indent=2))
     report = final_report(trainer, run_dir, console)
@@ -139,7 +148,7 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
         results, backtest = evaluate_split(trainer.learner, trainer.market_on_device, config, split)
         report[split] = results
         if split == "test":
-            capital = config.train.capital
+            capital = results["capital"]
             curves = {"agent": capital + backtest.equity, "buy and hold": capital + backtest.buy_and_hold}
     plot_equity(curves, run_dir / "equity_test.png", f"test split: {config.market.data}")
     plot_learning_curves(

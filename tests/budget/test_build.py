@@ -1,0 +1,63 @@
+"""The plan built from the real objects: components present, sized from free memory, linear in the batch."""
+
+import json
+
+import pytest
+
+from fitdqn.budget.build import TRACE_BATCHES, make_train_step, plan_for_device
+from fitdqn.budget.planner import InfeasiblePlan
+from fitdqn.budget.trace import check_linearity
+from fitdqn.cli import main
+from fitdqn.config import Config, with_overrides
+from fitdqn.device import what_if
+
+GIB = 2**30
+REQUIRED = {"replay", "her", "collector", "cuda_overhead", "dqn", "attention", "iqn", "iql"}
+
+
+def synthetic(**overrides):
+    return with_overrides(Config(), {"market.data": "synthetic", **overrides})
+
+
+def test_what_if_rtx3050_with_1_7_gib_free(capsys):
+    assert main(["plan", "--gpu", "rtx3050", "--free-memory", "1.7GiB", "--batch-size", "0", "--data",
+                 "synthetic", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["batch_source"] == "auto"
+    assert 64 <= plan["batch_size"] <= 16384
+    components = {c["name"]: c for c in plan["components"]}
+    assert REQUIRED <= set(components)
+    for name in ("iqn", "attention", "dqn", "batch"):
+        assert components[name]["per_sample_bytes"] > 0, name
+    assert components["iql"]["fixed_bytes"] > 0 and components["replay"]["fixed_bytes"] > 0
+    assert components["collector"]["fixed_bytes"] > 0 and components["cuda_overhead"]["fixed_bytes"] > 0
+    assert all(c["derived_from"] for c in plan["components"])
+    assert plan["fixed_bytes"] == sum(c["fixed_bytes"] for c in plan["components"])
+    assert plan["per_sample_bytes"] == sum(c["per_sample_bytes"] for c in plan["components"])
+    remaining = plan["device"]["free_bytes"] - plan["fixed_bytes"] - plan["headroom_bytes"]
+    assert plan["remaining_bytes"] == remaining
+    assert plan["batch_size"] == min(remaining // plan["per_sample_bytes"], 16384)
+
+
+def test_replay_is_sized_from_free_memory_and_the_batch_from_what_is_left():
+    config = synthetic(**{"replay.capacity": 10**9, "budget.batch_size": 0})
+    small = plan_for_device(config, what_if("rtx3050", 4 * GIB, int(1.7 * GIB)))
+    large = plan_for_device(config, what_if("rtx3050", 4 * GIB, int(3.4 * GIB)))
+    replay = lambda p: next(c for c in p.components if c.name == "replay")  # noqa: E731
+    assert replay(small).fixed_bytes <= 0.7 * 1.7 * GIB
+    assert replay(large).fixed_bytes == pytest.approx(2 * replay(small).fixed_bytes, rel=0.02)
+    assert large.replay_capacity > small.replay_capacity
+    assert large.batch_size > small.batch_size
+
+
+def test_a_batch_that_does_not_fit_is_refused_before_anything_is_allocated():
+    config = synthetic(**{"budget.batch_size": 16384, "replay.capacity": 10**9})
+    with pytest.raises(InfeasiblePlan, match="does not fit"):
+        plan_for_device(config, what_if("rtx3050", 4 * GIB, int(1.7 * GIB)))
+
+
+def test_traced_step_bytes_grow_linearly_with_the_batch():
+    config = synthetic(**{"collect.num_envs": 128})
+    line = check_linearity(make_train_step(config, 6000, 128 * 64), (*TRACE_BATCHES, 4 * TRACE_BATCHES[1]), "cuda")
+    assert line.fit.per_sample_bytes > 0
+    assert line.holds(0.01), line.relative_error
