@@ -1,9 +1,12 @@
 """The `fitdqn` command — the only door for people.
 
     fitdqn plan       where every byte of GPU memory will go, and the batch size that leaves
+                      (--calibrate: measure the step on this GPU and plan with the measurement)
     fitdqn profiles   the GPU profiles and where their numbers came from
+    fitdqn profile    measure step time across batch sizes on this GPU and write its profile TOML
     fitdqn train      plan, allocate, train, evaluate: the whole run, resumable
     fitdqn evaluate   backtest a run's checkpoint on a split beside buy-and-hold and random
+    fitdqn bench      update, replay and collector throughput on this device (CPU too)
 
 Every option is documented in ``fitdqn <command> --help``; every default lives in ``fitdqn.config``.
 """
@@ -38,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = commands.add_parser(
         "plan", help="where every byte of GPU memory goes, and the batch size that leaves",
         description="Probe the device (or describe one you do not have) and print the memory plan. "
-        "Examples: `fitdqn plan`; `fitdqn plan --gpu rtx3050 --free-memory 1.7GiB`; `fitdqn plan --gpu h100 --json`.",
+        "Examples: `fitdqn plan`; `fitdqn plan --gpu rtx3050 --free-memory 1.7GiB`; `fitdqn plan --gpu h100 --json`; "
+        "`fitdqn plan --calibrate --batch-size 0` (on a CUDA GPU: measure the real step and plan with it).",
     )
     what_if_group = plan.add_argument_group("what-if device (plan for a GPU you do not have)")
     what_if_group.add_argument("--gpu", metavar="NAME", help="GPU name or profile name, e.g. h100, "
@@ -47,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     what_if_group.add_argument("--free-memory", metavar="SIZE", help="free device memory, e.g. 1.7GiB")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
     plan.add_argument("--plot", metavar="FILE.png", help="also draw where the VRAM goes into this PNG")
+    calibration = plan.add_argument_group("calibration (CUDA GPU only)")
+    calibration.add_argument(
+        "--calibrate", action="store_true",
+        help="run the real training step on this GPU at two small batches, print measured vs traced bytes per "
+        "sample per component, and plan with the measured per-sample total and driver-side overhead "
+        "(the traced per-component figures are scaled to sum to the measured slope)")
+    calibration.add_argument("--calibrate-batches", metavar="A,B", default="64,256",
+                             help="the two batch sizes to measure the step at (default: 64,256)")
     add_config_arguments(plan, COMMON_ALIASES)
     plan.set_defaults(run=run_plan)
 
@@ -56,6 +68,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_arguments(profiles, COMMON_ALIASES)
     profiles.set_defaults(run=run_profiles)
+
+    profile = commands.add_parser(
+        "profile", help="measure step time across batch sizes on this GPU and write its profile",
+        description="On the present CUDA GPU: plan with batch 0 to find the largest batch that fits, then for "
+        "batch sizes = powers of two from budget.min_batch up to it (capped by budget.max_batch) time the graphed "
+        "update alone (CUDA events, median of --update-iters replays after warm-up) and full epochs of collect "
+        "+ updates (Trainer.run_epoch). The profile's batch is the smallest whose full-epoch training throughput "
+        "(samples/s = updates x batch / s) is within 5 % of the best: bigger is not always faster. Writes a "
+        "profile TOML with the measurements and where they came from. Unless you give "
+        "--collect.steps_per_epoch, epochs are shortened to 16 env steps. Examples: `fitdqn profile`; "
+        "`fitdqn profile --name h200 --out profiles/h200.toml`; `fitdqn profile --batches 256,1024,4096 "
+        "--epochs-per-batch 3`. Use a written profile with --budget.profiles_dir DIR.",
+    )
+    profile.add_argument("--batches", metavar="A,B,...", help="batch sizes to measure instead of the powers of two")
+    profile.add_argument("--epochs-per-batch", type=int, default=2, metavar="N",
+                         help="timed full epochs per batch size (default: 2)")
+    profile.add_argument("--update-iters", type=int, default=20, metavar="N",
+                         help="timed update replays per batch size, after warm-up (default: 20)")
+    profile.add_argument("--name", metavar="NAME", help="profile name (default: from the card, e.g. h200)")
+    profile.add_argument("--out", metavar="FILE.toml", help="where to write the profile "
+                         "(default: ./profiles/<name>.toml)")
+    profile.add_argument("--json", action="store_true", help="print the measurements as JSON instead of tables")
+    add_config_arguments(profile, COMMON_ALIASES)
+    profile.set_defaults(run=run_profile)
 
     train = commands.add_parser(
         "train", help="plan, allocate, train and evaluate (the main job)",
@@ -79,6 +115,24 @@ def build_parser() -> argparse.ArgumentParser:
                           help="which bars to backtest on (default: test)")
     evaluate.add_argument("--device", default="auto", help="device to evaluate on (default: auto)")
     evaluate.set_defaults(run=run_evaluate)
+
+    bench = commands.add_parser(
+        "bench", help="update, replay and collector throughput on this device (CPU too)",
+        description="Build the real Trainer for the config on the present device (CUDA or CPU) and time: the "
+        "update at the planned batch (updates/s and samples/s; eager, and CUDA-graphed on a GPU), replay "
+        "sampling + priority update (samples/s), and the collector with the policy in the loop (env steps/s). "
+        "Examples: `fitdqn bench`; `fitdqn bench --json`; on a CPU: `fitdqn bench --collect.num_envs 64 "
+        "--market.data synthetic`.",
+    )
+    bench.add_argument("--iters", type=int, default=20, metavar="N",
+                       help="most timed iterations of the update and of the replay (default: 20)")
+    bench.add_argument("--collect-steps", type=int, default=16, metavar="N",
+                       help="most timed collector steps (each steps every env once; default: 16)")
+    bench.add_argument("--seconds", type=float, default=3.0, metavar="S",
+                       help="time budget per timed row: stop early once it has passed (default: 3)")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    add_config_arguments(bench, COMMON_ALIASES)
+    bench.set_defaults(run=run_bench)
     return parser
 
 
@@ -100,6 +154,8 @@ def run_plan(args: argparse.Namespace) -> int:
     from fitdqn.budget.report import plot_plan, print_plan
 
     config = config_from_args(args)
+    if args.calibrate:
+        return run_plan_calibrated(args, config)
     device = device_from_args(args, config)
     plan = plan_for_device(config, device)
     if args.plot:
@@ -107,6 +163,42 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
     else:
+        print_plan(plan)
+        if args.plot:
+            print(f"chart written to {args.plot}")
+    return 0
+
+
+def run_plan_calibrated(args: argparse.Namespace, config: Config) -> int:
+    """``fitdqn plan --calibrate``: probe, plan, measure the real step, re-plan with the measurement."""
+    from fitdqn.budget.build import PlanInputs, plan_for_device
+    from fitdqn.budget.calibrate import calibrate, calibrated_plan, parse_batches, print_calibration, require_cuda
+    from fitdqn.budget.report import plot_plan, print_plan
+    from fitdqn.config import for_device
+
+    if args.gpu or args.total_memory or args.free_memory:
+        require_cuda(what_if(args.gpu or "what-if GPU", None, None))
+    batches = parse_batches(args.calibrate_batches)
+    device = probe(config.train.device)  # before anything runs on the GPU: the plan is for a fresh process
+    require_cuda(device)
+    config = for_device(config, device.kind)
+    inputs = PlanInputs.from_config(config)
+    traced = plan_for_device(config, device, inputs)
+    calibration = calibrate(config, device, inputs.num_bars, batches)
+    plan = calibrated_plan(traced, calibration, config)
+    if args.plot:
+        plot_plan(plan, args.plot)
+    if args.json:
+        from fitdqn.budget.calibrate import comparison_rows
+
+        record = {**plan.to_json(), "traced_plan": {"batch_size": traced.batch_size,
+                                                     "per_sample_bytes": traced.per_sample_bytes,
+                                                     "components": [c.to_json() for c in traced.components]},
+                  "calibration": {**calibration.to_json(),
+                                  "rows": comparison_rows(traced, plan, calibration)}}
+        print(json.dumps(record, indent=2))
+    else:
+        print_calibration(traced, plan, calibration)
         print_plan(plan)
         if args.plot:
             print(f"chart written to {args.plot}")
@@ -160,8 +252,27 @@ def run_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_profile(args: argparse.Namespace) -> int:
+    from fitdqn.train.profile import run_profile_command
+
+    return run_profile_command(args, config_from_args(args))
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from fitdqn.train.bench import print_bench, run_bench_command
+
+    result = run_bench_command(config_from_args(args), iters=args.iters, collect_steps=args.collect_steps,
+                               seconds=args.seconds)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_bench(result)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for provenance (fitdqn profile writes it)
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)

@@ -9,6 +9,10 @@
   the real modules' shapes and dtypes, plus each group's share of the traced training step.
 - ``batch``: what the traced step allocates outside the four network groups (the sampled batch, the
   observations built from it, loss and optimizer temporaries) minus the replay's own sampling scratch.
+- ``cuda_graphs``: on CUDA with ``train.cuda_graphs``, the captured update's private pool reserves more than
+  the step's live peak (segments, page rounding, fragmentation): the traced step's allocations replayed
+  through a model of the caching allocator (``fitdqn.budget.allocator_model``), minus the live peak the
+  components above already budget, at ``GRAPH_POOL_BATCHES``.
 
 The training step traced is the one the trainer captures: ``replay.sample -> Learner.update ->
 replay.update_priorities``, on fake tensors (``fitdqn.budget.trace``), at two batch sizes.
@@ -22,10 +26,18 @@ from functools import lru_cache
 
 import torch
 
+from fitdqn.budget.allocator_model import expandable_segments_enabled, graph_pool_fit
 from fitdqn.budget.component import Component
 from fitdqn.budget.overhead import cuda_overhead_component
 from fitdqn.budget.planner import Plan, make_plan
-from fitdqn.budget.trace import StepFit, StepSetup, fake_device_for, per_sample_bytes, trace_step_memory
+from fitdqn.budget.trace import (
+    StepFit,
+    StepSetup,
+    StepTrace,
+    fake_device_for,
+    per_sample_bytes,
+    trace_step_memory,
+)
 from fitdqn.config import Config, config_to_dict, for_device
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import load_profiles, match_profile
@@ -36,6 +48,11 @@ from fitdqn.nets.groups import MEMORY_GROUPS, parameter_groups
 from fitdqn.replay.components import her_component, replay_component, replay_sample_bytes
 
 TRACE_BATCHES = (512, 1024)
+# The graph pool's fragmentation is not linear below a few thousand samples (at 512-1024 many per-sample
+# tensors are still small-pool requests): fitted at 512 and 1024 the learner's pool beyond its live peak is
+# flat (~19 MB) and the line would miss ~100 MB at batch 8192; from 4096 on it grows ~14.5 KB/sample and the
+# line through 4096 and 8192 is within a few MB from 1024 to 16384 (see allocator_model's tests).
+GRAPH_POOL_BATCHES = (4096, 8192)
 ADAM_MOMENTS = 2
 
 
@@ -155,6 +172,32 @@ def _traces(config_key: str, config: Config, num_bars: int, capacity: int, targe
     return update, act.step_bytes
 
 
+@lru_cache(maxsize=16)
+def _graph_pool_traces(config_key: str, config: Config, num_bars: int, capacity: int,
+                       target: str) -> tuple[StepTrace, StepTrace]:
+    make_step = make_train_step(config, num_bars, capacity)
+    small, large = (trace_step_memory(make_step, b, target, record_events=True) for b in GRAPH_POOL_BATCHES)
+    return small, large
+
+
+def cuda_graphs_component(config: Config, device: DeviceInfo, traced_config: Config, config_key: str,
+                          num_bars: int, capacity: int, note: str = "") -> Component:
+    """The update graph's private pool beyond the step's live peak (module docstring), or 0 bytes and why."""
+    if device.kind != "cuda":
+        return Component("cuda_graphs", 0, 0, f"{device.kind} device: no CUDA graphs")
+    if not config.train.cuda_graphs:
+        return Component("cuda_graphs", 0, 0, "train.cuda_graphs is off: the update runs eagerly, no graph pool")
+    expandable = expandable_segments_enabled()
+    small, large = _graph_pool_traces(config_key, traced_config, num_bars, capacity, "cuda")
+    fit = graph_pool_fit(small, large, expandable)
+    mode = "expandable segments" if expandable else "default allocator, no expandable segments"
+    text = (f"allocator model over the traced step's {fit.usages[1].allocations} allocations ({mode}): "
+            f"pool reserved - step live peak at batch {fit.batches[0]} and {fit.batches[1]}")
+    if expandable:
+        text += ", + one 20 MiB and one 2 MiB page of mapping granularity"
+    return Component("cuda_graphs", fit.fixed_bytes, fit.per_sample_bytes, text + (f" ({note})" if note else ""))
+
+
 def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs) -> tuple[list[Component], int]:
     """Every consumer, in any order (the planner orders them), and the planned replay capacity."""
     spec = transition_spec()
@@ -199,6 +242,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs) -> 
         max(other_per_sample - sampling, 0),
         f"sampled batch, observations, losses, optimizer temporaries: {how}, less replay/her scratch",
     ))
+    components.append(cuda_graphs_component(config, device, traced_config, key, inputs.num_bars, capacity, note))
     return components, capacity
 
 

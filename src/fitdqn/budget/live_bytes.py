@@ -20,14 +20,24 @@ the tracker copies the live bytes per group, so the parts sum exactly to the pea
 ``scratch(func, args, kwargs)``, when given, names the bytes a kernel takes for the duration of one op
 (``kernel_scratch``): they count toward the peak at that op (as a record whose op starts with 'scratch of')
 but are never live after it.
+
+``start_events()`` / ``stop_events()`` bracket an ordered log (``events``) of what the caching allocator
+would be asked for in between: ``AllocEvent('alloc', serial, nbytes)`` when a storage appears (or a kernel's
+scratch is taken), ``AllocEvent('free', serial, nbytes)`` when it dies (scratch: right after its op). Each
+allocation gets a new serial (storage addresses are reused), a storage resized in place is an 'alloc' of
+the new size then a 'free' of the old one (``resize_`` copies into a new block), and frees of storages made
+before the log started are left out. ``allocator_model`` replays the log through a model of the caching
+allocator to get the bytes a CUDA graph's private pool reserves.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -56,6 +66,15 @@ class LiveStorage:
     phase: str  # 'forward' or 'backward' (made while the autograd engine ran a node)
 
 
+class AllocEvent(NamedTuple):
+    """One allocator request of a traced step: ``op`` 'alloc' or 'free', ``key`` a serial unique to the
+    allocation (the same on its 'free'), ``nbytes`` the bytes charged (``round_block``)."""
+
+    op: Literal["alloc", "free"]
+    key: int
+    nbytes: int
+
+
 class LiveBytes(TorchDispatchMode):
     """Counts live storages on one device type and remembers the peak (see the module docstring).
 
@@ -80,6 +99,10 @@ class LiveBytes(TorchDispatchMode):
         self.peak_storages: list[LiveStorage] = []
         self.scratch_at_peak = 0  # bytes of kernel scratch in the peak (0: the peak is between ops)
         self.allocations = 0
+        self.events: list[AllocEvent] = []  # filled between start_events() and stop_events()
+        self._recording = False
+        self._serials = itertools.count()
+        self._logged: dict[int, AllocEvent] = {}  # storage key -> its logged 'alloc' (live, made while recording)
         self._finalizers: dict[int, weakref.finalize] = {}
         self._lock = threading.RLock()  # storages die on the autograd engine's threads too
 
@@ -98,6 +121,9 @@ class LiveBytes(TorchDispatchMode):
         """Kernel scratch: live with the op's inputs and outputs, gone when the op returns."""
         nbytes = round_block(nbytes)
         with self._lock:
+            if nbytes and self._recording:
+                serial = next(self._serials)
+                self.events += [AllocEvent("alloc", serial, nbytes), AllocEvent("free", serial, nbytes)]
             if nbytes == 0 or self.live_bytes + nbytes <= self.peak_bytes:
                 return
             group = self.owner_of()
@@ -122,12 +148,24 @@ class LiveBytes(TorchDispatchMode):
                 # resized in place (resize_, out= ops): charge the difference to the same owner
                 self._release(key)
                 self._charge(key, LiveStorage(nbytes, known.group, op, known.shape, known.dtype, known.phase))
+                self._log_alloc(key, nbytes)
                 return
             phase = "backward" if self.in_backward() else "forward"
             record = LiveStorage(nbytes, self.owner_of(), op, tuple(tensor.shape), tensor.dtype, phase)
             self._charge(key, record)
             self.allocations += 1
+            self._log_alloc(key, nbytes)
             self._finalizers[key] = weakref.finalize(storage, self._free, key)
+
+    def _log_alloc(self, key: int, nbytes: int) -> None:
+        """Log a new block for ``key`` (while recording); a block it had before is freed after it."""
+        previous = self._logged.pop(key, None)
+        if self._recording and nbytes:
+            event = AllocEvent("alloc", next(self._serials), nbytes)
+            self.events.append(event)
+            self._logged[key] = event
+        if previous is not None and self._recording:
+            self.events.append(AllocEvent("free", previous.key, previous.nbytes))
 
     def _charge(self, key: int, record: LiveStorage) -> None:
         self.live[key] = record
@@ -150,6 +188,24 @@ class LiveBytes(TorchDispatchMode):
             if key in self.live:
                 self._release(key)
             self._finalizers.pop(key, None)
+            logged = self._logged.pop(key, None)
+            if logged is not None and self._recording:
+                self.events.append(AllocEvent("free", logged.key, logged.nbytes))
+
+    # -- the event log -----------------------------------------------------------------------------------
+    def start_events(self) -> None:
+        """Start a new event log (``events``): storages alive now are not in it, nor are their frees."""
+        with self._lock:
+            self.events = []
+            self._logged.clear()
+            self._recording = True
+
+    def stop_events(self) -> list[AllocEvent]:
+        """Stop logging and return the log (storages still alive have an 'alloc' and no 'free')."""
+        with self._lock:
+            self._recording = False
+            self._logged.clear()
+            return self.events
 
     # -- reading ---------------------------------------------------------------------------------------
     def reset_peak(self) -> None:

@@ -10,8 +10,9 @@
 - Module and kernel images loaded lazily by the driver and not visible to the allocator are measured by
   ``fitdqn plan --calibrate`` on the real card and can be passed in as ``measured_driver_bytes``.
 
-CUDA-graph pools hold the captured step's own activations: those are the per-sample bytes of the
-networks' components, not a separate constant.
+CUDA-graph pools hold the captured step's activations (the networks' per-sample bytes) plus what the caching
+allocator's segments and fragmentation add on top: that slack is the separate ``cuda_graphs`` component, from
+an allocator model replayed over the traced step (``fitdqn.budget.allocator_model``).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from fitdqn.budget.attribution import GroupOwner
 from fitdqn.budget.cuda_autocast import CudaAutocastOnCpu
 from fitdqn.budget.kernel_scratch import CudaShape, cuda_kernel_scratch
-from fitdqn.budget.live_bytes import LiveBytes, LiveStorage, large_blocks
+from fitdqn.budget.live_bytes import AllocEvent, LiveBytes, LiveStorage, large_blocks
 
 
 class StepSetup(NamedTuple):
@@ -85,6 +85,9 @@ class StepTrace:
     allocations: int  # storages made during the traced step
     peak_storages: list[LiveStorage] = field(repr=False, default_factory=list)
     note: str = ""
+    # the traced step's allocator requests in order (``record_events=True`` only; else empty): what a CUDA
+    # graph capturing the step would ask of its private pool (``allocator_model.graph_pool_bytes``)
+    events: list[AllocEvent] = field(repr=False, default_factory=list)
 
     @property
     def step_bytes(self) -> int:
@@ -121,10 +124,12 @@ def trace_step_memory(
     warmup_steps: int = 1,
     fake_device: torch.device | str | None = None,
     cuda_shape: CudaShape | None = None,
+    record_events: bool = False,
 ) -> StepTrace:
     """Trace one training step at ``batch_size`` on fake tensors and report its live bytes (module docstring).
 
     ``fake_device`` forces the device the fake tensors live on (default: ``fake_device_for(device)``).
+    ``record_events`` keeps the traced step's ordered allocations and frees in ``StepTrace.events``.
     For a CUDA target the modelled kernel scratch (``kernel_scratch``) joins the peak; ``cuda_shape`` gives
     the target's SM count for it (default: this machine's GPU if it has one, else no SM cap: an upper bound).
     Parameters and gradients of each group's modules count toward that group's baseline; optimizer state,
@@ -144,7 +149,8 @@ def trace_step_memory(
     owner = GroupOwner()
     tracker = LiveBytes(traced.type, owner.owner, owner.in_backward, scratch)
     try:
-        return _trace_on_fake(make_step, batch_size, target, traced, note, warmup_steps, owner, tracker)
+        return _trace_on_fake(make_step, batch_size, target, traced, note, warmup_steps, owner, tracker,
+                              record_events)
     except UserWarning as warning:
         if "autocast" not in str(warning):
             raise
@@ -161,7 +167,8 @@ class AutocastUnavailable(RuntimeError):
 
 
 def _trace_on_fake(make_step: MakeStep, batch_size: int, target: torch.device, traced: torch.device,
-                   note: str, warmup_steps: int, owner: GroupOwner, tracker: LiveBytes) -> StepTrace:
+                   note: str, warmup_steps: int, owner: GroupOwner, tracker: LiveBytes,
+                   record_events: bool = False) -> StepTrace:
     """Build, warm up, take the baseline, trace one step; everything fake and on ``traced``."""
     emulate = CudaAutocastOnCpu() if target.type == "cuda" and traced.type == "cpu" else nullcontext()
     with FakeTensorMode(), traced, emulate, warnings.catch_warnings(), owner.active(), tracker:
@@ -176,7 +183,10 @@ def _trace_on_fake(make_step: MakeStep, batch_size: int, target: torch.device, t
         baseline = tracker.live_bytes
         tracker.reset_peak()
         allocations = tracker.allocations
+        if record_events:
+            tracker.start_events()
         _run(setup.step)
+        events = tracker.stop_events() if record_events else []
         return StepTrace(
             batch_size=batch_size,
             target_device=str(target),
@@ -191,6 +201,7 @@ def _trace_on_fake(make_step: MakeStep, batch_size: int, target: torch.device, t
             allocations=tracker.allocations - allocations,
             peak_storages=tracker.peak_storages,
             note=note,
+            events=events,
         )
 
 

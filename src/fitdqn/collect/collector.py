@@ -61,11 +61,13 @@ class Collector:
             for _ in range(warmup):
                 self.step()
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)  # host sync: warm-up done, so its cached blocks can go back
+        torch.cuda.empty_cache()  # else the card holds them and the graph's pool at once
         graph = torch.cuda.CUDAGraph()
         for generator in (self.env.generator, self.generator):
             if generator is not None:
                 graph.register_generator_state(generator)
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=stream):  # the warm-up stream: no new cuBLAS workspace in the pool
             self.step()
         self.graph = graph
 

@@ -136,9 +136,10 @@ class Trainer:
                 self.update_step()
                 self.updates_done += 1
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        release_cached_blocks(self.device)
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(self.sample_generator)
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=stream):  # the warm-up stream: no new cuBLAS workspace in the pool
             self.update_step()
         self.update_graph = graph
 
@@ -252,6 +253,13 @@ class Trainer:
 
     def restore(self, run_dir: Path) -> None:
         self.load_state_dict(load_checkpoint(run_dir / CHECKPOINT_NAME, map_location=self.device))
+
+
+def release_cached_blocks(device: torch.device) -> None:
+    """Give the warm-up's cached blocks back before a capture: while capturing, the allocator keeps them,
+    so the card would hold the warm-up's blocks and the graph's pool at once (about twice the step)."""
+    torch.cuda.synchronize(device)  # host sync: the warm-up must be done before its blocks are freed
+    torch.cuda.empty_cache()
 
 
 def market_to(market: Market, device: torch.device) -> Market:

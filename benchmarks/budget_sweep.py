@@ -1,0 +1,326 @@
+"""Does the plan hold on smaller cards? Emulate them on one big GPU and check the planner's promises.
+
+For each emulated card size (default 1.7, 4, 8, 16, 24, 40, 80 GiB), in a fresh subprocess (so allocator
+caps, caches, graphs and loaded kernels do not leak between cards):
+
+1. cap PyTorch's caching allocator with ``torch.cuda.set_per_process_memory_fraction(size / total)``. The cap
+   applies to the allocator's reserved bytes, not to the CUDA context (created before the cap, outside it)
+   nor to what the driver loads later (kernel images, cuBLAS handles): the emulated card's free memory is
+   therefore ``cap - memory_reserved()`` (the context a real card of that size would also hold is already
+   outside), and the plan is made for a ``DeviceInfo`` with exactly that free memory (what-if style);
+2. plan with ``budget.batch_size = 0`` and ``budget.max_batch`` lifted (so the planned batch is the largest the
+   plan says fits, not a clamp), allocate everything (``Trainer``), train 2 short epochs under the trainer's
+   ``OomGuard`` and count out-of-memory errors: **must be 0**;
+3. compare the plan's ``planned_bytes`` (every component at the planned batch) with the allocator's peak
+   (``max_memory_allocated``) and with the drop in driver-level free memory (``mem_get_info``) over the run:
+   **within +-5 %** (the allocator peak is the one the plan budgets; the free-memory drop also holds the
+   allocator's cache and driver-side loads, shown for reference);
+4. with everything else still allocated, find the real largest batch by bisection on the trainer's update
+   step (``set_batch_size``, graph re-captured, ``torch.OutOfMemoryError`` caught, cache emptied between
+   tries): **planned / largest >= 0.9**.
+
+Any exception in one card is recorded in that card's row and the sweep goes on. Prints one table, writes JSON.
+
+    python benchmarks/budget_sweep.py --out budget_sweep.json                 # all 7 cards, ~5 min on an H200
+    python benchmarks/budget_sweep.py --cards 4,16 --set collect.num_envs=1024 --out sweep_small.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+DEFAULT_CARDS = "1.7,4,8,16,24,40,80"
+PEAK_TOLERANCE = 0.05
+BATCH_RATIO = 0.9
+GIB = 2**30
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cards", default=DEFAULT_CARDS, help="emulated card sizes in GiB, comma-separated")
+    parser.add_argument("--out", default="budget_sweep.json", help="JSON results file")
+    parser.add_argument("--epochs", type=int, default=2, help="short training epochs per card")
+    parser.add_argument("--card-timeout", type=float, default=150.0, help="seconds before a card is abandoned")
+    parser.add_argument("--total-seconds", type=float, default=480.0,
+                        help="time budget of the whole sweep: cards not started by then are skipped")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override, e.g. --set collect.num_envs=1024 (repeatable)")
+    parser.add_argument("--child", type=float, help=argparse.SUPPRESS)  # internal: run one card
+    parser.add_argument("--result", help=argparse.SUPPRESS)  # internal: the child's JSON file
+    return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------------ one card
+def sweep_config(overrides: list[str]):
+    from fitdqn.config import Config, with_overrides
+
+    values = {
+        "market.data": "synthetic", "replay.compile": False, "collect.steps_per_epoch": 8,
+        "budget.batch_size": 0, "budget.max_batch": 1 << 22, "train.device": "cuda", "train.epochs": 2,
+    }
+    values.update(dict(item.split("=", 1) for item in overrides))
+    return with_overrides(Config(), values)
+
+
+def steps_for_batch(config, batch: int) -> int:
+    """Env steps per epoch so the first epoch already makes ``batch`` (and min_fill) sampleable."""
+    envs = config.collect.num_envs
+    needed = max(batch, config.replay.min_fill)
+    return int(min(max(config.collect.steps_per_epoch, math.ceil(needed / envs) + config.learn.n_step + 2), 256))
+
+
+class CountingLogger:
+    """Stands in for RunLogger under OomGuard: counts the 'oom' events into the card's row as they happen."""
+
+    def __init__(self, row: dict) -> None:
+        self.row = row
+        self.row.setdefault("oom_events", [])
+
+    def log(self, step, kind, values) -> None:
+        if kind == "oom":
+            self.row["oom_events"].append({"epoch": step, **values})
+            self.row["ooms"] = len(self.row["oom_events"])
+
+
+def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
+    """Fill ``row`` as the card goes (an exception part-way leaves what was measured before it)."""
+    try:
+        from fitdqn.device.probe import configure_allocator
+
+        configure_allocator()  # the allocator settings fitdqn train runs with (before any CUDA allocation)
+    except ImportError:
+        pass
+    import torch
+    from rich.console import Console
+
+    from fitdqn.budget.planner import InfeasiblePlan
+    from fitdqn.config import with_overrides
+    from fitdqn.device.probe import DeviceInfo
+    from fitdqn.train.oom import OomGuard
+    from fitdqn.train.trainer import Trainer
+
+    started = time.perf_counter()
+    row.update(card_gib=gib, ooms=0, status="running", allocator_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    device = torch.device("cuda", 0)
+    free_real, total = torch.cuda.mem_get_info(device)  # creates the context (outside the cap)
+    cap = int(gib * GIB)
+    if cap > free_real:
+        row.update(status="skipped", error=f"{gib} GiB is more than the {free_real / GIB:.1f} GiB free here")
+        return row
+    torch.cuda.set_per_process_memory_fraction(cap / total, device)
+    props = torch.cuda.get_device_properties(device)
+    reserved = torch.cuda.memory_reserved(device)
+    info = DeviceInfo(
+        name=f"{props.name} capped at {gib:g} GiB", kind="cuda", index=0, total_bytes=cap, free_bytes=cap - reserved,
+        compute_capability=(props.major, props.minor), bf16=torch.cuda.is_bf16_supported(),
+    )
+    row.update(cap_bytes=cap, emulated_free_bytes=info.free_bytes, gpu=props.name, torch=torch.__version__)
+
+    config = sweep_config(args.set)
+
+    # plan (inside Trainer: batch 0 = auto) and allocate in plan order
+    torch.cuda.synchronize(device)
+    free_before, _ = torch.cuda.mem_get_info(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    logger = CountingLogger(row)
+    row["phase"] = "allocation"
+    try:
+        trainer = Trainer(config, info, log=lambda *_: None)
+    except InfeasiblePlan as refused:
+        row.update(status="refused by the planner", error=str(refused).splitlines()[0])
+        return row
+    except torch.OutOfMemoryError as error:
+        row.update(ooms=1, status="out of memory while allocating", error=str(error).splitlines()[0][:300])
+        return row
+    plan = trainer.plan
+    # epochs long enough that the first one already makes the planned batch sampleable (collection only)
+    trainer.config = with_overrides(trainer.config, {
+        "collect.steps_per_epoch": steps_for_batch(trainer.config, plan.batch_size)})
+    row.update(planned_batch=plan.batch_size, max_fitting_batch=plan.max_fitting_batch,
+               planned_bytes=plan.planned_bytes, fixed_bytes=plan.fixed_bytes, per_sample_bytes=plan.per_sample_bytes,
+               headroom_bytes=plan.headroom_bytes, replay_capacity=plan.replay_capacity,
+               num_envs=trainer.config.collect.num_envs, steps_per_epoch=trainer.config.collect.steps_per_epoch,
+               components={c.name: [c.fixed_bytes, c.per_sample_bytes] for c in plan.components})
+    row["allocated_bytes"] = int(torch.cuda.memory_allocated(device))
+    guard = OomGuard(trainer, Console(quiet=True), logger)
+    row["phase"] = "training"
+    for _ in range(args.epochs):
+        stats = guard.run_epoch()
+        row.setdefault("epochs", []).append({"updates": stats.updates, "seconds": round(stats.seconds, 3),
+                                             "batch": trainer.batch_size})
+    torch.cuda.synchronize(device)
+    free_after, _ = torch.cuda.mem_get_info(device)
+    peak = int(torch.cuda.max_memory_allocated(device))
+    row.update(
+        updates_done=trainer.updates_done,
+        allocator_peak_bytes=peak, reserved_peak_bytes=int(torch.cuda.max_memory_reserved(device)),
+        free_drop_bytes=int(free_before - free_after),
+        peak_error=(peak - plan.planned_bytes) / plan.planned_bytes,
+        free_drop_error=(free_before - free_after - plan.planned_bytes) / plan.planned_bytes,
+    )
+
+    # the real largest batch, everything else allocated
+    tries: list[list] = []
+
+    row["phase"] = "bisection"
+
+    def fits(batch: int) -> bool:
+        trainer.set_batch_size(batch)
+        gc.collect()
+        torch.cuda.empty_cache()
+        why = ""
+        try:
+            trainer.train_updates(3)  # warm-up updates, the graph capture, one replay
+            torch.cuda.synchronize(device)
+            ok = True
+        except torch.OutOfMemoryError:
+            ok, why = False, "out of memory"
+        except RuntimeError as error:  # e.g. a capture ended by the allocator's error: check the GPU still works
+            ok, why = False, f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            torch.zeros(1, device=device).add_(1)
+            torch.cuda.synchronize(device)  # raises if the context is broken: the card's row records it
+        trainer.update_graph = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        tries.append([batch, ok, why])
+        row["tries"] = tries
+        return ok
+
+    low = plan.batch_size
+    if fits(low):
+        high = low * 2
+        while fits(high):
+            low, high = high, high * 2
+            if high > (1 << 22):
+                break
+    else:
+        high = low
+        low = low // 2
+        while low >= 1 and not fits(low):
+            high, low = low, low // 2
+    while low >= 1 and high - low > max(low // 100, 8):
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    row.update(largest_batch=low, batch_ratio=plan.batch_size / low if low >= 1 else None, tries=tries)
+    row.pop("phase", None)
+    row["pass_ooms"] = row["ooms"] == 0
+    row["pass_peak"] = abs(row["peak_error"]) <= PEAK_TOLERANCE
+    row["pass_free_drop"] = abs(row["free_drop_error"]) <= PEAK_TOLERANCE
+    row["pass_batch"] = row["batch_ratio"] is not None and row["batch_ratio"] >= BATCH_RATIO
+    row["status"] = "ok"
+    row["seconds"] = round(time.perf_counter() - started, 1)
+    return row
+
+
+def child_main(args: argparse.Namespace) -> int:
+    row: dict = {"card_gib": args.child}
+    try:
+        run_card(args.child, args, row)
+    except Exception as error:  # noqa: BLE001 - recorded in the row, the sweep goes on
+        row.update(status="error", error=f"{type(error).__name__}: {error}"[:500],
+                   traceback=traceback.format_exc()[-3000:])
+        if "OutOfMemoryError" in type(error).__name__ and row.get("phase") != "bisection":
+            row["ooms"] = row.get("ooms", 0) + 1
+    Path(args.result).write_text(json.dumps(row, indent=2, default=str))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ the sweep
+def run_child(gib: float, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        result = Path(folder) / "card.json"
+        command = [sys.executable, __file__, "--child", str(gib), "--result", str(result),
+                   "--epochs", str(args.epochs)]
+        for item in args.set:
+            command += ["--set", item]
+        started = time.perf_counter()
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=args.card_timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return {"card_gib": gib, "status": "error", "error": f"timed out after {args.card_timeout:.0f} s"}
+        if result.is_file():
+            row = json.loads(result.read_text())
+        else:
+            row = {"card_gib": gib, "status": "error",
+                   "error": f"child exited {done.returncode} without a result: {done.stderr[-1500:]}"}
+        row["wall_seconds"] = round(time.perf_counter() - started, 1)
+        return row
+
+
+def fmt(value, spec: str, scale: float = 1.0) -> str:
+    if value is None:
+        return "-"
+    return format(value / scale if scale != 1.0 else value, spec)
+
+
+def print_table(rows: list[dict]) -> None:
+    header = (f"{'card':>6} {'status':<10} {'planned':>8} {'largest':>8} {'ratio':>6} {'OOMs':>4} "
+              f"{'planned GiB':>11} {'peak GiB':>8} {'error':>7} {'free-drop GiB':>13} {'error':>7} {'s':>6}")
+    print(header)
+    for r in rows:
+        status = r.get("status", "?")
+        print(f"{r['card_gib']:>6g} {status[:10]:<10} {fmt(r.get('planned_batch'), 'd'):>8} "
+              f"{fmt(r.get('largest_batch'), 'd'):>8} {fmt(r.get('batch_ratio'), '.3f'):>6} "
+              f"{fmt(r.get('ooms'), 'd'):>4} {fmt(r.get('planned_bytes'), '.3f', GIB):>11} "
+              f"{fmt(r.get('allocator_peak_bytes'), '.3f', GIB):>8} {fmt(r.get('peak_error'), '+.1%'):>7} "
+              f"{fmt(r.get('free_drop_bytes'), '.3f', GIB):>13} {fmt(r.get('free_drop_error'), '+.1%'):>7} "
+              f"{fmt(r.get('wall_seconds'), '.0f'):>6}")
+        if r.get("error"):
+            print(f"{'':>6} {r['error'][:200]}")
+    ok = [r for r in rows if r.get("status") == "ok"]
+    print(f"\nchecks over {len(ok)} measured cards: OOMs zero: {all(r['pass_ooms'] for r in ok)}; "
+          f"allocator peak within {PEAK_TOLERANCE:.0%}: {all(r['pass_peak'] for r in ok)}; "
+          f"free-memory drop within {PEAK_TOLERANCE:.0%}: {all(r.get('pass_free_drop', False) for r in ok)}; "
+          f"planned/largest >= {BATCH_RATIO}: {all(r['pass_batch'] for r in ok)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child is not None:
+        return child_main(args)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("budget_sweep.py emulates smaller cards on a CUDA GPU; this machine has none", file=sys.stderr)
+        return 2
+    cards = [float(c) for c in args.cards.split(",") if c.strip()]
+    start = time.perf_counter()
+    rows = []
+    for gib in cards:
+        if time.perf_counter() - start > args.total_seconds:
+            rows.append({"card_gib": gib, "status": "skipped", "error": "sweep time budget spent"})
+            continue
+        row = run_child(gib, args)
+        rows.append(row)
+        print(f"{gib:g} GiB: {row.get('status')} planned {row.get('planned_batch')} largest {row.get('largest_batch')}"
+              f" OOMs {row.get('ooms')} peak error {fmt(row.get('peak_error'), '+.1%')}"
+              f" ({row.get('wall_seconds', '?')} s)", flush=True)
+    print()
+    print_table(rows)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            check=False).stdout.strip()
+    gpus = sorted({r["gpu"] for r in rows if r.get("gpu")})  # from the children: no context in this process
+    record = {"date": datetime.date.today().isoformat(), "commit": commit, "torch": torch.__version__,
+              "gpu": ", ".join(gpus), "args": {k: v for k, v in vars(args).items()
+                                                             if k not in ("child", "result")}, "rows": rows}
+    Path(args.out).write_text(json.dumps(record, indent=2, default=str))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

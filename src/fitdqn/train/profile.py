@@ -1,0 +1,330 @@
+"""`fitdqn profile`: measure training speed across batch sizes on this GPU and write its profile TOML.
+
+Bigger is not always faster (SPEC, rule 6): the profile's batch is the one that *trains* fastest, not the
+largest that fits. On the present CUDA GPU:
+
+1. plan with ``budget.batch_size = 0`` to get ``max_fitting_batch`` (capped by ``budget.max_batch``) and build
+   one ``Trainer`` from that plan (replay, collector, networks allocated once, in plan order);
+2. fill the replay (collector epochs) until the largest batch can be sampled;
+3. for each batch size (powers of two from ``budget.min_batch`` up to the cap, or ``--batches``):
+   - **update alone**: ``Trainer.set_batch_size``, capture the update graph (``Trainer.train_updates``: two
+     warm-up updates, then the capture), then ``--update-iters`` graph replays, each timed with CUDA events;
+     the median in ms (eager ``Trainer.update_step`` if ``train.cuda_graphs`` is off);
+   - **full epochs**: ``--epochs-per-batch`` calls of ``Trainer.run_epoch`` (collect + the updates that use each
+     transition ``train.replay_ratio`` times): samples/s = updates x batch / s, env steps/s, updates/s;
+   - the allocator's peak (``torch.cuda.max_memory_allocated``) while that batch ran;
+4. choose the batch (``choose_batch``): **the smallest batch whose full-epoch samples/s is within 5 % of the
+   best measured** — a larger batch must pay for its memory with real speed;
+5. write the profile TOML (``profile_toml``; same format as the shipped ``device/profiles/*.toml`` plus a
+   ``[[measurements]]`` array) atomically, after checking ``device.profiles.parse_profile`` accepts it.
+
+Only the measuring (``measure_batches``) needs a GPU; naming, selection and the TOML writer are pure
+functions tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import re
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+import torch
+
+from fitdqn.config import Config, with_overrides
+from fitdqn.device.probe import DeviceInfo, probe
+from fitdqn.device.profiles import Profile, parse_profile
+from fitdqn.device.sizes import format_bytes
+from fitdqn.errors import UserError
+
+TOLERANCE = 0.05  # a batch within 5 % of the best full-epoch samples/s is as good as the best
+PROFILE_STEPS_PER_EPOCH = 16  # env steps per epoch while profiling, unless --collect.steps_per_epoch is given
+MEASUREMENT_KEYS = ("batch", "update_ms", "epoch_samples_per_s", "env_steps_per_s", "peak_bytes")
+VENDOR_WORDS = ("nvidia", "geforce", "tesla", "quadro")
+
+
+# ----------------------------------------------------------------------------------------------- pure parts
+def power_of_two_batches(min_batch: int, max_batch: int) -> list[int]:
+    """Powers of two from the first one >= ``min_batch`` up to ``max_batch`` (at least ``[min_batch]``)."""
+    if max_batch < min_batch:
+        return []
+    batch = 1 << max(int(min_batch) - 1, 0).bit_length()
+    batches = []
+    while batch <= max_batch:
+        batches.append(batch)
+        batch *= 2
+    return batches or [int(min_batch)]
+
+
+def parse_batch_list(text: str) -> list[int]:
+    try:
+        values = sorted({int(part) for part in text.replace(" ", "").split(",") if part})
+    except ValueError:
+        raise UserError(f"--batches {text!r}: expected comma-separated batch sizes, e.g. 256,1024,4096") from None
+    if not values or values[0] < 1:
+        raise UserError(f"--batches {text!r}: give positive batch sizes, e.g. 256,1024,4096")
+    return values
+
+
+def choose_batch(rows: list[dict[str, Any]], tolerance: float = TOLERANCE) -> int:
+    """The smallest batch whose ``epoch_samples_per_s`` is within ``tolerance`` of the best row's.
+
+    Rows without a positive ``epoch_samples_per_s`` (failed, out of memory) are ignored; none left is an error.
+    """
+    usable = [r for r in rows if isinstance(r.get("epoch_samples_per_s"), (int, float))
+              and r["epoch_samples_per_s"] > 0]
+    if not usable:
+        raise UserError("no batch size was measured successfully: nothing to choose a profile batch from")
+    best = max(r["epoch_samples_per_s"] for r in usable)
+    return min(r["batch"] for r in usable if r["epoch_samples_per_s"] >= (1.0 - tolerance) * best)
+
+
+def profile_name(card: str) -> str:
+    """'NVIDIA H200' -> 'h200'; 'NVIDIA GeForce RTX 3050 Laptop GPU' -> 'rtx-3050-laptop-gpu'."""
+    words = [w for w in re.split(r"[^a-z0-9]+", card.lower()) if w and w not in VENDOR_WORDS]
+    return "-".join(words) or "gpu"
+
+
+def match_pattern(card: str) -> str:
+    """The profile's match regex: exactly this card's name (another variant is another card: profile it)."""
+    return "^" + re.escape(card.strip()).replace("\\ ", " ") + "$"  # spaces need no escape: keep it readable
+
+
+def profile_toml(name: str, card: str, batch_size: int, total_memory: int | None, source: dict[str, Any],
+                 measurements: list[dict[str, Any]], match: list[str] | None = None) -> str:
+    """The profile file: a header comment, the shipped fields, [source] and [[measurements]]."""
+    data: dict[str, Any] = {"name": name, "match": match if match is not None else [match_pattern(card)],
+                            "batch_size": int(batch_size)}
+    if total_memory is not None:
+        data["total_memory"] = int(total_memory)
+    data["source"] = {"kind": "measured", **{k: v for k, v in source.items() if k != "kind"}}
+    data["measurements"] = [{k: round(row[k], 4) if isinstance(row[k], float) else row[k]
+                             for k in MEASUREMENT_KEYS if row.get(k) is not None} for row in measurements]
+    header = [
+        f"# fitdqn GPU profile: {card}",
+        f"# Where the numbers came from: measured by `fitdqn profile` on this card on {source.get('date', '?')}.",
+        "# batch_size is the smallest batch whose full-epoch training throughput (samples/s) is within "
+        f"{TOLERANCE:.0%}",
+        "# of the best measured (fitdqn.train.profile.choose_batch); [[measurements]] are the rows it chose from.",
+        "# total_memory is in bytes" + (f" ({format_bytes(total_memory)})." if total_memory else "."),
+        "",
+    ]
+    return "\n".join(header) + tomli_w.dumps(data)
+
+
+def check_profile_text(text: str, origin: str) -> Profile:
+    """``device.profiles.parse_profile`` must accept what we write (it raises a UserError otherwise)."""
+    return parse_profile(text, origin)
+
+
+def write_profile(path: Path, text: str) -> Path:
+    from fitdqn.train.checkpoint import atomic_write_text
+
+    check_profile_text(text, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+    return path
+
+
+def driver_version() -> str:
+    """The NVIDIA driver from nvidia-smi where it answers, else the CUDA runtime PyTorch was built with."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20, check=False).stdout.strip()
+            if out:
+                return out.splitlines()[0].strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return f"unknown (CUDA runtime {torch.version.cuda})"
+
+
+# ----------------------------------------------------------------------------------------------- measuring
+def profile_config(config: Config, steps_given: bool) -> Config:
+    """The config the profile runs: auto batch (the plan gives the cap) and short epochs unless given."""
+    overrides: dict[str, Any] = {"budget.batch_size": 0}
+    if not steps_given:
+        overrides["collect.steps_per_epoch"] = min(config.collect.steps_per_epoch, PROFILE_STEPS_PER_EPOCH)
+    return with_overrides(config, overrides)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # host sync: a measurement boundary
+
+
+def time_updates(trainer, iters: int) -> float:
+    """Median ms of one update (graph replay, or eager update_step): CUDA events around each on a GPU,
+    the wall clock elsewhere (the measuring runs on any device; ``fitdqn profile`` itself asks for CUDA)."""
+    device = trainer.device
+    if device.type != "cuda":
+        times = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            trainer.train_updates(1)
+            times.append(1e3 * (time.perf_counter() - start))
+        return statistics.median(times)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:
+        start.record()
+        trainer.train_updates(1)
+        end.record()
+    sync(device)
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def fill_replay(trainer, needed: int, max_epochs: int = 1000) -> None:
+    """Collect until ``needed`` transitions can be sampled (and ``replay.min_fill``)."""
+    needed = max(needed, trainer.config.replay.min_fill)
+    for _ in range(max_epochs):
+        if int(trainer.replay.sampleable()) >= needed:  # host sync
+            return
+        trainer.collect()
+    raise UserError(f"the replay did not reach {needed} sampleable transitions: raise collect.num_envs or "
+                    "collect.steps_per_epoch, or lower replay.min_fill")
+
+
+def measure_batch(trainer, batch: int, epochs: int, update_iters: int) -> dict[str, Any]:
+    """One row: update alone (median ms), full epochs (samples/s, env steps/s), allocator peak."""
+    device = trainer.device
+    cuda = device.type == "cuda"
+    trainer.set_batch_size(batch)
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    trainer.train_updates(3)  # warm-up; on CUDA graphs this captures the update at this batch
+    update_ms = time_updates(trainer, update_iters)
+    updates = env_steps = 0
+    seconds = 0.0
+    for _ in range(epochs):
+        stats = trainer.run_epoch()
+        updates += stats.updates
+        env_steps += stats.env_steps
+        seconds += stats.seconds
+    sync(device)
+    return {
+        "batch": batch, "update_ms": update_ms, "updates_per_s": 1e3 / update_ms if update_ms > 0 else None,
+        "update_samples_per_s": batch * 1e3 / update_ms if update_ms > 0 else None,
+        "epoch_samples_per_s": updates * batch / seconds if seconds > 0 else None,
+        "env_steps_per_s": env_steps / seconds if seconds > 0 else None,
+        "epoch_updates": updates, "epoch_seconds": seconds,
+        "peak_bytes": int(torch.cuda.max_memory_allocated(device)) if cuda else None,
+    }
+
+
+def measure_batches(config: Config, device: DeviceInfo, batches: list[int] | None, epochs: int,
+                    update_iters: int, console=None) -> tuple[list[dict[str, Any]], Any]:
+    """Build the trainer once and measure each batch; an out-of-memory batch is a row with an error."""
+    from fitdqn.train.trainer import Trainer
+
+    trainer = Trainer(config, device)
+    plan = trainer.plan
+    cap = min(plan.max_fitting_batch or config.budget.max_batch, config.budget.max_batch)
+    if batches is None:
+        batches = power_of_two_batches(config.budget.min_batch, cap)
+        if not batches:
+            raise UserError(f"no batch from budget.min_batch = {config.budget.min_batch} fits (largest: {cap})")
+    fill_replay(trainer, max(batches))
+    rows = []
+    for batch in batches:
+        if console is not None:
+            console.print(f"batch {batch} ...", highlight=False)
+        try:
+            row = measure_batch(trainer, batch, epochs, update_iters)
+        except torch.OutOfMemoryError as error:
+            row = {"batch": batch, "error": f"out of memory: {str(error).splitlines()[0][:160]}"}
+            trainer.set_batch_size(min(batches))
+            trainer.pending = None
+            gc.collect()
+            if trainer.device.type == "cuda":
+                torch.cuda.empty_cache()
+        if batch > cap:
+            row["note"] = f"above the planned largest batch {cap}"
+        rows.append(row)
+    return rows, trainer
+
+
+def print_profile(rows: list[dict[str, Any]], chosen: int, title: str, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=title, title_justify="left")
+    for column in ("batch", "update ms", "update samples/s", "epoch samples/s", "env steps/s", "peak memory", ""):
+        table.add_column(column, justify="right" if column else "left", no_wrap=not column)
+    number = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    for row in rows:
+        if "error" in row:
+            table.add_row(str(row["batch"]), "-", "-", "-", "-", "-", row["error"])
+            continue
+        table.add_row(
+            str(row["batch"]), number(row.get("update_ms"), ".3f"), number(row.get("update_samples_per_s"), ",.0f"),
+            number(row.get("epoch_samples_per_s"), ",.0f"), number(row.get("env_steps_per_s"), ",.0f"),
+            format_bytes(row["peak_bytes"]) if row.get("peak_bytes") is not None else "-",
+            "chosen" if row["batch"] == chosen else row.get("note", ""),
+            style="bold" if row["batch"] == chosen else None,
+        )
+    console.print(table)
+
+
+def run_profile_command(args, config: Config) -> int:
+    """``fitdqn profile`` (see the module docstring); args from ``fitdqn.cli``."""
+    import json
+
+    from rich.console import Console
+
+    from fitdqn.budget.calibrate import require_cuda
+    from fitdqn.cli_args import DEST_PREFIX
+
+    console = Console()
+    if args.epochs_per_batch < 1 or args.update_iters < 1:
+        raise UserError("--epochs-per-batch and --update-iters must be at least 1")
+    batches = parse_batch_list(args.batches) if args.batches else None
+    device = probe(config.train.device)
+    require_cuda(device, "fitdqn profile measures step time")
+    steps_given = hasattr(args, DEST_PREFIX + "collect.steps_per_epoch")
+    config = profile_config(config, steps_given)
+    name = args.name or profile_name(device.name)
+    out = Path(args.out) if args.out else Path("profiles") / f"{name}.toml"
+    started = time.perf_counter()
+    rows, trainer = measure_batches(config, device, batches, args.epochs_per_batch, args.update_iters,
+                                    None if args.json else console)
+    chosen = choose_batch(rows)
+    command = "fitdqn " + " ".join(getattr(args, "argv", ["profile"]))
+    source = {
+        "kind": "measured",
+        "description": f"measured by `fitdqn profile` on {device.name}: smallest batch within "
+                       f"{TOLERANCE:.0%} of the best full-epoch samples/s",
+        "date": datetime.date.today().isoformat(),
+        "command": command,
+        "card": device.name,
+        "driver": driver_version(),
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "num_envs": trainer.config.collect.num_envs,
+        "steps_per_epoch": trainer.config.collect.steps_per_epoch,
+        "replay_ratio": trainer.config.train.replay_ratio,
+        "cuda_graphs": trainer.config.train.cuda_graphs,
+        "precision": trainer.config.learn.precision,
+    }
+    text = profile_toml(name, device.name, chosen, device.total_bytes, source,
+                        [r for r in rows if "error" not in r])
+    write_profile(out, text)
+    if args.json:
+        print(json.dumps({"name": name, "batch_size": chosen, "path": str(out), "rows": rows,
+                          "source": source, "seconds": time.perf_counter() - started}, indent=2))
+    else:
+        print_profile(rows, chosen, f"{device.name}: training throughput by batch size "
+                      f"({time.perf_counter() - started:.0f} s)", console)
+        console.print(f"profile batch {chosen}: the smallest within {TOLERANCE:.0%} of the best epoch samples/s; "
+                      f"written to {out} (use it with --budget.profiles_dir {out.parent})", highlight=False)
+    del trainer
+    return 0
+
