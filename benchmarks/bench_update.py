@@ -7,12 +7,12 @@ For each batch size a fresh learner (default config, state_dim 80) is built, the
 - eager: ``--warmup`` updates, then ``--iters`` timed updates (CUDA events around each, median reported);
   peak activation bytes = ``torch.cuda.max_memory_allocated()`` during one update minus the memory
   allocated before it (parameters, gradients, Adam state and the batch already exist), divided by B;
-  ``traced`` is the same step measured by ``fitdqn.learn.memory.LiveBytes`` (tensor bytes, no allocator
+  ``traced`` is the same step traced by the planner (``fitdqn.budget.trace``, fake tensors, allocator
   rounding) — the number the planner can get on any device, so the two can be compared;
 - graphed (CUDA only): ``capture_update`` (its warm-up included in the peak), then timed ``step(batch)``
   calls (input copy + replay); ``graph_pool`` is the memory the captured graph keeps reserved.
 ``marginal`` is the slope of peak bytes between consecutive batch sizes (fixed per-call costs such as
-weight casts and cuBLAS workspaces cancel). On CPU only eager runs, with LiveBytes for memory.
+weight casts and cuBLAS workspaces cancel). On CPU only eager runs, with the trace for memory.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from pathlib import Path
 
 import torch
 
+from fitdqn.budget.trace import StepSetup, trace_step_memory
 from fitdqn.config import Config, config_to_dict, with_overrides
-from fitdqn.learn import Learner, capture_update, measure_update, random_batch
+from fitdqn.learn import Learner, capture_update, random_batch
+from fitdqn.nets.groups import parameter_groups
 
 DEFAULT_BATCHES = "64,256,1024,2048,4096,8192,16384"
 
@@ -42,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="untimed updates before timing")
     parser.add_argument("--state-dim", type=int, default=80, help="features per bar token")
     parser.add_argument("--modes", default="eager,graphed", help="eager and/or graphed (graphed: CUDA only)")
-    parser.add_argument("--no-trace", action="store_true", help="skip the LiveBytes traced measurement")
+    parser.add_argument("--no-trace", action="store_true", help="skip the traced (planner) measurement")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config override, e.g. --set learn.precision=fp32 --set net.iqn_chunk=8")
     return parser.parse_args(argv)
@@ -94,6 +96,18 @@ def cuda_peak(fn, device: torch.device) -> int:
     return torch.cuda.max_memory_allocated(device) - before
 
 
+def trace_update(config: Config, state_dim: int, device: torch.device, batch_size: int):
+    """The planner's trace of the same update (fake tensors; ``fitdqn.budget.trace``)."""
+
+    def make_step(batch: int, fake_device: torch.device) -> StepSetup:
+        learner = Learner(config, state_dim, fake_device)
+        data = random_batch(config, state_dim, batch, fake_device)
+        groups = {name: list(group.modules) for name, group in parameter_groups(learner).items()}
+        return StepSetup(lambda: learner.update(data), groups)
+
+    return trace_step_memory(make_step, batch_size, device.type)
+
+
 def bench_eager(config: Config, args, device: torch.device, batch_size: int) -> dict:
     torch.manual_seed(0)
     learner = Learner(config, args.state_dim, device)
@@ -104,8 +118,8 @@ def bench_eager(config: Config, args, device: torch.device, batch_size: int) -> 
     if device.type == "cuda":
         row["peak_bytes"] = cuda_peak(lambda: learner.update(batch), device)
     if not args.no_trace or device.type == "cpu":
-        traced = measure_update(learner, batch)
-        row["traced_peak_bytes"], row["traced_by_group"] = traced.peak_bytes, traced.peak_by_group
+        traced = trace_update(config, args.state_dim, device, batch_size)
+        row["traced_peak_bytes"], row["traced_by_group"] = traced.step_bytes, traced.step_by_group
     if "peak_bytes" not in row:
         row["peak_bytes"] = row["traced_peak_bytes"]
     row.update(summary(timed(lambda: learner.update(batch), device, args.iters)))

@@ -5,13 +5,12 @@ from fitdqn.learn.batch import random_batch
 from fitdqn.learn.graph import GraphedUpdate, capture_update
 from fitdqn.learn.learner import BATCH_KEYS, OUTPUT_KEYS, Learner
 from fitdqn.learn.losses import categorical_projection, expectile_loss, quantile_huber_loss
-from fitdqn.learn.memory import LiveBytes, StepMemory, measure_step, measure_update, slope
 from fitdqn.learn.precision import autocast, autocast_dtype
 from fitdqn.learn.target import target_weight, update_target
 
 __all__ = [
-    "BATCH_KEYS", "OUTPUT_KEYS", "GraphedUpdate", "Learner", "LiveBytes", "StepMemory", "autocast",
-    "autocast_dtype", "capture_update", "categorical_projection", "expectile_loss", "measure_step",
-    "measure_update", "quantile_huber_loss", "random_batch", "select_actions", "slope", "target_weight",
+    "BATCH_KEYS", "OUTPUT_KEYS", "GraphedUpdate", "Learner", "autocast",
+    "autocast_dtype", "capture_update", "categorical_projection", "expectile_loss",
+    "quantile_huber_loss", "random_batch", "select_actions", "target_weight",
     "update_target",
 ]
