@@ -41,7 +41,7 @@ def default_run_dir() -> Path:
 def resume_config(run_dir: Path) -> Config:
     path = run_dir / "config.toml"
     if not path.is_file():
-        raise UserError(f"cannot resume: '{run_dir}' has no config.toml (is it a fitdqn run directory?)")
+        raise UserError(f"'{run_dir}' has no config.toml: not a fitdqn run directory (fitdqn train --out writes one)")
     return load_config(path)
 
 
