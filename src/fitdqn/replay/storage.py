@@ -52,19 +52,28 @@ class RingStorage:
         """Rows of field ``name`` at ``slots`` (any shape ``[...]``) -> ``[..., *field shape]``."""
         return self.fields[name][slots]
 
+    def filled(self) -> int:
+        """Slots written at least once: ``[0, filled)`` (host sync: reads the step counter)."""
+        return min(int(self.written) * self.num_envs, self.capacity)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"written": self.written, **{f"field.{name}": t for name, t in self.fields.items()}}
+        """The step counter and the written prefix of every field (the rest of the ring is still zeros), so a
+        checkpoint early in a run is small."""
+        filled = self.filled()
+        return {"written": self.written, **{f"field.{name}": t[:filled] for name, t in self.fields.items()}}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         names = {key.removeprefix("field.") for key in state if key.startswith("field.")}
         if names != set(self.fields):
             raise ValueError(f"replay checkpoint fields {sorted(names)} != spec fields {sorted(self.fields)}")
+        filled = min(int(state["written"]) * self.num_envs, self.capacity)
         for name, field in self.fields.items():
             source = state[f"field.{name}"]
-            if source.shape != field.shape or source.dtype != field.dtype:
+            if source.shape != field[:filled].shape or source.dtype != field.dtype:
                 raise ValueError(
                     f"replay checkpoint field '{name}': {tuple(source.shape)} {source.dtype}, "
-                    f"expected {tuple(field.shape)} {field.dtype} (same capacity and spec needed to resume)"
+                    f"expected {tuple(field[:filled].shape)} {field.dtype} (same capacity and spec needed to resume)"
                 )
-            field.copy_(source)
+            field.zero_()
+            field[:filled].copy_(source)
         self.written.copy_(state["written"])
