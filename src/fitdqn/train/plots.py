@@ -19,19 +19,26 @@ def _pyplot():
     return plt
 
 
-def plot_equity(curves: dict[str, np.ndarray], path: str | Path, title: str) -> Path:
-    """curves: name -> equity [T + 1]; the first is the agent. Top: equity; bottom: drawdown."""
+def plot_equity(curves: dict[str, np.ndarray], path: str | Path, title: str,
+                times: np.ndarray | None = None) -> Path:
+    """curves: name -> equity [T + 1]; the first is the agent. Top: equity; bottom: drawdown.
+
+    ``times [T]``: the time of each step's fill bar; the x axis shows dates when given (else bar numbers).
+    """
     plt = _pyplot()
     fig, (equity_ax, dd_ax) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, height_ratios=(3, 1))
+    length = len(next(iter(curves.values())))
+    dated = times is not None and len(times) == length - 1 and not np.isnat(np.asarray(times)[0])
+    x = np.concatenate([np.asarray(times)[:1], np.asarray(times)]) if dated else np.arange(length)
     for name, equity in curves.items():
-        equity_ax.plot(equity, label=name, linewidth=1.4 if name == next(iter(curves)) else 0.9)
-        dd_ax.fill_between(np.arange(len(equity)), -100 * drawdown(equity), alpha=0.35, label=name)
+        equity_ax.plot(x, equity, label=name, linewidth=1.4 if name == next(iter(curves)) else 0.9)
+        dd_ax.fill_between(x, -100 * drawdown(equity), alpha=0.35, label=name)
     equity_ax.set_ylabel("equity")
     equity_ax.set_title(title)
     equity_ax.legend()
     equity_ax.grid(alpha=0.3)
     dd_ax.set_ylabel("drawdown %")
-    dd_ax.set_xlabel("bar")
+    dd_ax.set_xlabel("date" if dated else "bar")
     dd_ax.grid(alpha=0.3)
     return _save(fig, plt, path)
 

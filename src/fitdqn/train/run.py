@@ -128,7 +128,7 @@ def status_line(record: dict[str, Any]) -> str:
     parts = [
         f"env {record.get('env_steps_per_s', 0):,.0f}/s",
         f"upd {record.get('updates_per_s', 0):,.1f}/s",
-        f"loss {record.get('loss', 0):.3f}",
+        f"loss {record['loss']:.3f}" if "loss" in record else "filling replay",
     ]
     if "validation_sharpe" in record:
         parts.append(f"val Sharpe {record['validation_sharpe']:.2f}")
@@ -143,14 +143,15 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
     report: dict[str, Any] = {"epochs": trainer.epoch, "updates": trainer.updates_done,
                               "batch_size": trainer.batch_size, "batch_source": trainer.plan.batch_source,
                               "device": trainer.device_info.name}
-    curves = {}
+    curves, times = {}, None
     for split in ("validation", "test"):
         results, backtest = evaluate_split(trainer.learner, trainer.market_on_device, config, split)
         report[split] = results
         if split == "test":
             capital = results["capital"]
             curves = {"agent": capital + backtest.equity, "buy and hold": capital + backtest.buy_and_hold}
-    plot_equity(curves, run_dir / "equity_test.png", f"test split: {config.market.data}")
+            times = backtest.timestamp
+    plot_equity(curves, run_dir / "equity_test.png", f"test split: {config.market.data}", times)
     plot_learning_curves(
         [{"step": r["step"], **r} for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"],
         run_dir / "learning_curves.png",

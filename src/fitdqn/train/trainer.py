@@ -192,7 +192,8 @@ class Trainer:
                 self.pending["updates"] += self.train_updates(1)
         updates = self.pending["updates"]
         self.pending = None
-        values = {key: float(v) / max(updates, 1) for key, v in self.stat_sums.items()}  # host sync
+        values = ({key: float(v) / updates for key, v in self.stat_sums.items()}  # host sync
+                  if updates else {})  # no update yet (replay below min_fill): no losses to report
         for v in self.stat_sums.values():
             v.zero_()
         if self.device.type == "cuda":
