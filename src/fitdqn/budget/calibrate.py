@@ -44,18 +44,16 @@ import torch
 
 from fitdqn.budget.attribution import OTHER, GroupOwner
 from fitdqn.budget.component import Component
-from fitdqn.budget.live_bytes import LiveBytes, large_blocks
+from fitdqn.budget.live_bytes import LiveBytes
 from fitdqn.budget.overhead import cuda_overhead_component
 from fitdqn.budget.planner import Plan, make_plan
 from fitdqn.budget.trace import (
     MakeStep,
     StepTrace,
-    _as_setup,
-    _charge_parameters,
-    _run,
     fit_line,
     measure_step_memory,
     per_sample_bytes,
+    traced_step,
 )
 from fitdqn.config import Config, for_device
 from fitdqn.device.probe import DeviceInfo
@@ -207,29 +205,11 @@ def live_bytes_step(make_step: MakeStep, batch_size: int, device: torch.device |
     """
     device = torch.device(device)
     owner = GroupOwner()
-    tracker = LiveBytes(device.type, owner.owner, owner.in_backward)
+    tracker = LiveBytes(device.type, owner.owner, owner.in_backward)  # no scratch model: real kernels
     try:
         with device, owner.active(), tracker:
-            setup = _as_setup(make_step(batch_size, device))
-            owner.attach(setup.groups)
-            for _ in range(warmup_steps):
-                _run(setup.step)
-            _charge_parameters(tracker, setup.groups)
-            baseline_by_group = tracker.snapshot_by_group()
-            baseline = tracker.live_bytes
-            tracker.reset_peak()
-            allocations = tracker.allocations
-            _run(setup.step)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)  # host sync: frees on the autograd threads are done
-            return StepTrace(
-                batch_size=batch_size, target_device=str(device), traced_device=str(device),
-                baseline_bytes=baseline, peak_bytes=tracker.peak_bytes, baseline_by_group=baseline_by_group,
-                peak_by_group={name: count for name, count in tracker.peak_by_group.items() if count},
-                peak_op=tracker.peak_op, large_blocks_at_peak=large_blocks(tracker.peak_storages),
-                scratch_at_peak=0, allocations=tracker.allocations - allocations,
-                peak_storages=tracker.peak_storages, note="live bytes of real tensors",
-            )
+            return traced_step(make_step, batch_size, device, device, "live bytes of real tensors", warmup_steps,
+                               owner, tracker)
     finally:
         tracker.detach_finalizers()
 

@@ -174,35 +174,46 @@ def _trace_on_fake(make_step: MakeStep, batch_size: int, target: torch.device, t
     with FakeTensorMode(), traced, emulate, warnings.catch_warnings(), owner.active(), tracker:
         # PyTorch disables autocast with only a warning when the device type is not available
         warnings.filterwarnings("error", message=".*[Dd]isabling autocast.*")
-        setup = _as_setup(make_step(batch_size, traced))
-        owner.attach(setup.groups)
-        for _ in range(warmup_steps):
-            _run(setup.step)
-        _charge_parameters(tracker, setup.groups)
-        baseline_by_group = tracker.snapshot_by_group()
-        baseline = tracker.live_bytes
-        tracker.reset_peak()
-        allocations = tracker.allocations
-        if record_events:
-            tracker.start_events()
+        return traced_step(make_step, batch_size, target, traced, note, warmup_steps, owner, tracker,
+                           record_events)
+
+
+def traced_step(make_step: MakeStep, batch_size: int, target: torch.device, traced: torch.device, note: str,
+                warmup_steps: int, owner: GroupOwner, tracker: LiveBytes, record_events: bool = False
+                ) -> StepTrace:
+    """The protocol shared by fake traces and live (real-tensor) ones, run inside the caller's modes:
+    build, warm up, charge parameters to their groups, take the baseline, reset the peak, one step."""
+    setup = _as_setup(make_step(batch_size, traced))
+    owner.attach(setup.groups)
+    for _ in range(warmup_steps):
         _run(setup.step)
-        events = tracker.stop_events() if record_events else []
-        return StepTrace(
-            batch_size=batch_size,
-            target_device=str(target),
-            traced_device=str(traced),
-            baseline_bytes=baseline,
-            peak_bytes=tracker.peak_bytes,
-            baseline_by_group=baseline_by_group,
-            peak_by_group={name: count for name, count in tracker.peak_by_group.items() if count},
-            peak_op=tracker.peak_op,
-            large_blocks_at_peak=large_blocks(tracker.peak_storages),
-            scratch_at_peak=tracker.scratch_at_peak,
-            allocations=tracker.allocations - allocations,
-            peak_storages=tracker.peak_storages,
-            note=note,
-            events=events,
-        )
+    _charge_parameters(tracker, setup.groups)
+    baseline_by_group = tracker.snapshot_by_group()
+    baseline = tracker.live_bytes
+    tracker.reset_peak()
+    allocations = tracker.allocations
+    if record_events:
+        tracker.start_events()
+    _run(setup.step)
+    events = tracker.stop_events() if record_events else []
+    if traced.type == "cuda":
+        torch.cuda.synchronize(traced)  # host sync: frees on the autograd threads are done
+    return StepTrace(
+        batch_size=batch_size,
+        target_device=str(target),
+        traced_device=str(traced),
+        baseline_bytes=baseline,
+        peak_bytes=tracker.peak_bytes,
+        baseline_by_group=baseline_by_group,
+        peak_by_group={name: count for name, count in tracker.peak_by_group.items() if count},
+        peak_op=tracker.peak_op,
+        large_blocks_at_peak=large_blocks(tracker.peak_storages),
+        scratch_at_peak=tracker.scratch_at_peak,
+        allocations=tracker.allocations - allocations,
+        peak_storages=tracker.peak_storages,
+        note=note,
+        events=events,
+    )
 
 
 def _as_setup(made: StepSetup | Callable[[], Any]) -> StepSetup:
