@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from fitdqn.config import Config, with_overrides
+from fitdqn.device.graphs import capture_graph
 from fitdqn.market.env import STATE_DIM, FuturesEnv
 from fitdqn.market.loader import Market, load_market
 
@@ -117,16 +118,7 @@ def bench_vector(
         one_step()
     run = one_step
     if graph:
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                one_step()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        cuda_graph = torch.cuda.CUDAGraph()
-        cuda_graph.register_generator_state(env.generator)
-        with torch.cuda.graph(cuda_graph):
-            one_step()
+        cuda_graph, _ = capture_graph(one_step, device, warmup=3, generators=(env.generator,))
         run = cuda_graph.replay
         run()
     sync(device)

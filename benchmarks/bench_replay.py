@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from fitdqn.device.graphs import capture_graph
 from fitdqn.replay import FieldSpec, ReplayBuffer
 
 GOAL_COLUMN = 5
@@ -98,17 +99,8 @@ def replay_step(buffer: ReplayBuffer, batch: int, beta: torch.Tensor) -> Callabl
 
 
 def graphed(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
-    """Capture ``step`` in a CUDA graph (after a side-stream warm-up) and return its replay."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
+    """Capture ``step`` in a CUDA graph the way the trainer does and return its replay."""
+    return capture_graph(step, device, warmup=3)[0].replay
 
 
 def profile(functions: dict[str, Callable[[], None]], device: torch.device) -> None:

@@ -28,30 +28,16 @@ from fitdqn.budget.build import PlanInputs, _traces, cuda_graphs_component, make
 from fitdqn.budget.trace import trace_step_memory
 from fitdqn.config import Config, config_to_dict, for_device, with_overrides
 from fitdqn.device import probe
+from fitdqn.device.graphs import capture_graph, captured_pool_bytes
 
 
 def real_pool(make_step, batch_size: int, device: torch.device) -> dict:
+    """The trainer's way of capturing (``capture_graph``), then the bytes of the graph's private pool."""
     with device:
         setup = make_step(batch_size, device)
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            setup.step()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    torch.cuda.synchronize(device)  # host sync: warm-up done
-    gc.collect()
-    torch.cuda.empty_cache()
-    reserved_before = torch.cuda.memory_reserved(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        setup.step()
+    graph, _ = capture_graph(setup.step, device)
     torch.cuda.synchronize(device)  # host sync: capture done
-    pool_id = tuple(graph.pool())
-    segments = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == pool_id]
-    row = {"pool_bytes": sum(s["total_size"] for s in segments), "pool_segments": len(segments),
-           "pool_allocated_bytes": sum(s["allocated_size"] for s in segments),
-           "reserved_growth": torch.cuda.memory_reserved(device) - reserved_before}
+    row = {"pool_bytes": captured_pool_bytes(graph)}
     del graph, setup
     gc.collect()
     torch.cuda.empty_cache()

@@ -34,6 +34,7 @@ from fitdqn.budget.live_bytes import AllocEvent, LiveBytes
 from fitdqn.budget.trace import StepSetup, trace_step_memory
 from fitdqn.config import Config, config_to_dict, for_device, with_overrides
 from fitdqn.device import what_if
+from fitdqn.device.graphs import capture_graph, captured_pool_bytes
 
 
 def model(expandable: bool = False, **options) -> CachingAllocatorModel:
@@ -360,34 +361,18 @@ def test_cuda_graphs_component_is_zero_without_graphs():
 
 # ------------------------------------------------------------------------------------------ a real GPU
 def real_graph_pool_bytes(make_step, batch_size: int) -> int:
-    """Capture the step in a CUDA graph (warm-up on the capture stream, so cuBLAS workspaces are made
-    outside the graph) and return the bytes of the graph's private pool: its segments in
-    ``torch.cuda.memory_snapshot`` (``segment_pool_id``), else the growth of ``memory_reserved``."""
+    """Capture the step the way fitdqn does (``capture_graph``: warm-up on the capture stream, cached blocks
+    released) and return the bytes of the graph's private pool (its segments in ``memory_snapshot``)."""
     device = torch.device("cuda")
     with device:
         setup = make_step(batch_size, device)
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            setup.step()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    torch.cuda.synchronize(device)  # host sync: warm-up done before measuring
-    gc.collect()
-    torch.cuda.empty_cache()
-    reserved_before = torch.cuda.memory_reserved(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        setup.step()
+    graph, _ = capture_graph(setup.step, device)
     torch.cuda.synchronize(device)  # host sync: capture done
-    pool_id = tuple(graph.pool())
-    segments = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == pool_id]
-    by_snapshot = sum(s["total_size"] for s in segments)
-    by_reserved = torch.cuda.memory_reserved(device) - reserved_before
+    pool = captured_pool_bytes(graph)
     del graph, setup
     gc.collect()
     torch.cuda.empty_cache()
-    return by_snapshot if segments else by_reserved
+    return pool
 
 
 REAL_BATCHES = (2048, 8192)

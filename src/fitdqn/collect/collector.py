@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from fitdqn.config import LearnConfig
+from fitdqn.device.graphs import capture_graph
 from fitdqn.learn.learner import Learner
 from fitdqn.market.env import FuturesEnv
 from fitdqn.replay.buffer import ReplayBuffer
@@ -55,21 +56,8 @@ class Collector:
 
         The warm-up steps are real steps: they write into the replay like any other.
         """
-        stream = stream or torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                self.step()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)  # host sync: warm-up done, so its cached blocks can go back
-        torch.cuda.empty_cache()  # else the card holds them and the graph's pool at once
-        graph = torch.cuda.CUDAGraph()
-        for generator in (self.env.generator, self.generator):
-            if generator is not None:
-                graph.register_generator_state(generator)
-        with torch.cuda.graph(graph, stream=stream):  # the warm-up stream: no new cuBLAS workspace in the pool
-            self.step()
-        self.graph = graph
+        self.graph, _ = capture_graph(self.step, self.device, stream, warmup,
+                                      generators=(self.env.generator, self.generator))
 
     def run(self, steps: int) -> None:
         """``steps`` env steps: graph replays when captured, else eager steps."""

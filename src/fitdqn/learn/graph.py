@@ -12,6 +12,7 @@ import copy
 
 import torch
 
+from fitdqn.device.graphs import capture_graph
 from fitdqn.learn.learner import Learner
 
 
@@ -47,14 +48,6 @@ def capture_update(learner: Learner, example_batch: dict[str, torch.Tensor], war
         raise ValueError(f"CUDA graphs need a CUDA device; the learner is on {device}")
     static_batch = {key: value.detach().to(device).clone() for key, value in example_batch.items()}
     snapshot = copy.deepcopy(learner.state_dict())
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            learner.update(static_batch)
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        static_outputs = learner.update(static_batch)
+    graph, static_outputs = capture_graph(lambda: learner.update(static_batch), device, warmup=warmup, pool=pool)
     learner.load_state_dict(snapshot)  # undo the warm-up updates, in place
     return GraphedUpdate(graph, static_batch, static_outputs)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from fitdqn.config import Config
+from fitdqn.device.graphs import capture_graph
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 
@@ -54,20 +55,8 @@ def timed(fn: Callable[[], Any], device: torch.device, iters: int, seconds: floa
 
 
 def capture(fn: Callable[[], Any], device: torch.device, generators=(), stream=None) -> torch.cuda.CUDAGraph:
-    """Capture ``fn`` in a CUDA graph after two warm-up calls on the side stream (as the trainer does)."""
-    if stream is None:
-        stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(WARMUP):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    for generator in generators:
-        graph.register_generator_state(generator)
-    with torch.cuda.graph(graph, stream=stream):
-        fn()
-    return graph
+    """Capture ``fn`` the way the trainer does (``fitdqn.device.graphs.capture_graph``)."""
+    return capture_graph(fn, device, stream, WARMUP, generators)[0]
 
 
 def fill_replay(trainer, needed: int, max_rounds: int = 10_000) -> None:

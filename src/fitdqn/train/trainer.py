@@ -21,6 +21,7 @@ from fitdqn.budget.build import PlanInputs, plan_for_device
 from fitdqn.budget.planner import Plan
 from fitdqn.collect.collector import Collector
 from fitdqn.config import Config, config_to_dict, dump_config, for_device
+from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.errors import UserError
 from fitdqn.learn.learner import Learner
@@ -129,19 +130,13 @@ class Trainer:
 
     def _capture_update(self) -> None:
         """Capture :meth:`update_step` in a CUDA graph (after warm-up steps, which are real updates)."""
-        stream = self.capture_stream
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.update_step()
-                self.updates_done += 1
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        release_cached_blocks(self.device)
-        graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(self.sample_generator)
-        with torch.cuda.graph(graph, stream=stream):  # the warm-up stream: no new cuBLAS workspace in the pool
+        def counted_update() -> None:
             self.update_step()
-        self.update_graph = graph
+            self.updates_done += 1
+
+        self.update_graph, _ = capture_graph(counted_update, self.device, self.capture_stream, warmup=2,
+                                             generators=(self.sample_generator,))
+        self.updates_done -= 1  # the captured call is recorded, not run
 
     @property
     def graphs_enabled(self) -> bool:
@@ -254,13 +249,6 @@ class Trainer:
 
     def restore(self, run_dir: Path) -> None:
         self.load_state_dict(load_checkpoint(run_dir / CHECKPOINT_NAME, map_location=self.device))
-
-
-def release_cached_blocks(device: torch.device) -> None:
-    """Give the warm-up's cached blocks back before a capture: while capturing, the allocator keeps them,
-    so the card would hold the warm-up's blocks and the graph's pool at once (about twice the step)."""
-    torch.cuda.synchronize(device)  # host sync: the warm-up must be done before its blocks are freed
-    torch.cuda.empty_cache()
 
 
 def market_to(market: Market, device: torch.device) -> Market:
