@@ -113,12 +113,12 @@ def test_profile_written_from_measurements_parses_back_and_matches_the_card(tmp_
     measured = rows() + [{"batch": 2048, "error": "out of memory"}]
     chosen = choose_batch(measured)
     text = profile_toml("h200", "NVIDIA H200", chosen, 150_754_820_096, source,
-                        [r for r in measured if "error" not in r])
+                        [r for r in measured if "error" not in r], driver_bytes=312_000_000)
     assert text.startswith("# fitdqn GPU profile: NVIDIA H200")
     path = write_profile(tmp_path / "profiles" / "h200.toml", text)
     profile = parse_profile(path.read_text(), str(path))
     assert profile.name == "h200" and profile.batch_size == 256
-    assert profile.total_memory_bytes == 150_754_820_096
+    assert profile.total_memory_bytes == 150_754_820_096 and profile.driver_bytes == 312_000_000
     assert profile.source["kind"] == "measured" and profile.source["card"] == "NVIDIA H200"
     assert [m["batch"] for m in profile.measurements] == [64, 128, 256, 512, 1024]
     first = profile.measurements[0]

@@ -340,13 +340,21 @@ def test_cuda_graphs_component_of_the_learner_step():
     assert component.per_sample_bytes >= 0
     assert "allocator model over the traced step's" in component.derived_from
     assert "(expandable segments)" in component.derived_from
-    # the learner's step is made of many tensors: the modelled pool beyond its live peak grows smoothly, and
-    # the line through GRAPH_POOL_BATCHES covers it below, between and above them
+    # the line through GRAPH_POOL_BATCHES covers the modelled pool beyond the step's live peak below, between
+    # and above them, and is no looser than the largest slack at those batches plus the page allowance. (The
+    # slack is not smooth in the batch: with a real GPU's kernel shapes it was 20 MB at batch 1024 and 71 MB
+    # at 4096 on an H200, so below the fitted batches the line is the larger one.)
     make_step = make_train_step(traced, 6000, 128 * 64)
+
+    def slack(batch: int) -> int:
+        trace = trace_step_memory(make_step, batch, "cuda", record_events=True)
+        return graph_pool_bytes(trace) - trace.step_bytes
+
+    loosest = max(slack(b) for b in GRAPH_POOL_BATCHES) + 2 * (LARGE_BUFFER + SMALL_BUFFER)
     for b in (1024, sum(GRAPH_POOL_BATCHES) // 2, 2 * GRAPH_POOL_BATCHES[1]):
-        trace = trace_step_memory(make_step, b, "cuda", record_events=True)
-        beyond = graph_pool_bytes(trace) - trace.step_bytes
-        assert 0 < beyond <= component.bytes_at(b) <= beyond + 2 * (LARGE_BUFFER + SMALL_BUFFER), b
+        beyond = slack(b)
+        assert 0 < beyond <= component.bytes_at(b), b
+        assert component.bytes_at(b) <= max(loosest, beyond + 2 * (LARGE_BUFFER + SMALL_BUFFER)), b
 
 
 def test_cuda_graphs_component_is_zero_without_graphs():

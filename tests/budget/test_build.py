@@ -1,5 +1,6 @@
 """The plan built from the real objects: components present, sized from free memory, linear in the batch."""
 
+import dataclasses
 import json
 
 import pytest
@@ -61,3 +62,26 @@ def test_traced_step_bytes_grow_linearly_with_the_batch():
     line = check_linearity(make_train_step(config, 6000, 128 * 64), (*TRACE_BATCHES, 4 * TRACE_BATCHES[1]), "cuda")
     assert line.fit.per_sample_bytes > 0
     assert line.holds(0.01), line.relative_error
+
+
+def driver_profile(folder, name: str, pattern: str, driver: str) -> None:
+    (folder / f"{name}.toml").write_text(
+        f'name = "{name}"\nmatch = [\'{pattern}\']\nbatch_size = 512\n{driver}\n'
+        '[source]\nkind = "measured"\ndescription = "test"\ndate = "2026-11-29"\ncard = "Test Card"\n'
+    )
+
+
+def test_cuda_overhead_budgets_the_profiles_driver_bytes_else_the_defaults(tmp_path):
+    from fitdqn.budget.build import device_overhead_component
+    from fitdqn.budget.overhead import cuda_overhead_component
+
+    driver_profile(tmp_path, "testcard", "Test Card", "driver_bytes = 300000000")
+    driver_profile(tmp_path, "default", "^$", "driver_bytes = 200000000")
+    driver_profile(tmp_path, "othercard", "Other Card", "")
+    config = with_overrides(Config(), {"budget.profiles_dir": str(tmp_path), "collect.num_envs": 64})
+    workspaces = cuda_overhead_component((9, 0)).fixed_bytes
+    for name, driver in (("Test Card", 300_000_000), ("Other Card", 200_000_000), ("Unknown", 200_000_000)):
+        device = dataclasses.replace(what_if(name, 80 * 2**30, 79 * 2**30), compute_capability=(9, 0))
+        component = device_overhead_component(config, device)
+        assert component.fixed_bytes == workspaces + driver, name
+        assert "driver-side bytes measured by `fitdqn profile` on Test Card" in component.derived_from

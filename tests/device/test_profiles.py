@@ -69,3 +69,12 @@ def test_profile_bad_values():
 def test_missing_user_dir():
     with pytest.raises(UserError, match="does not exist"):
         load_profiles("/nonexistent/profiles")
+
+
+def test_profile_driver_bytes_parse_as_count_or_size():
+    base = 'name="x"\nmatch=[]\nbatch_size=8\n{}\n[source]\nkind="measured"\ndescription="d"\ndate="d"\n'
+    assert parse_profile(base.format("driver_bytes = 312000000"), "x.toml").driver_bytes == 312_000_000
+    assert parse_profile(base.format('driver_bytes = "300MiB"'), "x.toml").driver_bytes == 300 * 2**20
+    assert parse_profile(base.format(""), "x.toml").driver_bytes is None
+    with pytest.raises(UserError, match="driver_bytes must be a byte count"):
+        parse_profile(base.format("driver_bytes = -1"), "x.toml")

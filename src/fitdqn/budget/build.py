@@ -28,7 +28,7 @@ import torch
 
 from fitdqn.budget.allocator_model import expandable_segments_enabled, graph_pool_fit
 from fitdqn.budget.component import Component
-from fitdqn.budget.overhead import cuda_overhead_component
+from fitdqn.budget.overhead import cuda_overhead_component, profile_driver_source
 from fitdqn.budget.planner import Plan, make_plan
 from fitdqn.budget.trace import (
     StepFit,
@@ -40,7 +40,7 @@ from fitdqn.budget.trace import (
 )
 from fitdqn.config import Config, config_to_dict, for_device
 from fitdqn.device.probe import DeviceInfo
-from fitdqn.device.profiles import load_profiles, match_profile
+from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile
 from fitdqn.market.env import GOAL_COLUMN, NUM_AGENT_FIELDS, env_state_bytes, transition_spec
 from fitdqn.market.features import NUM_FEATURES
 from fitdqn.market.observation import build_observation
@@ -224,8 +224,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs) -> 
         0,
         f"market tensors ({inputs.num_bars} bars) + env state ({num_envs} envs) + traced act step peak",
     ))
-    components.append(cuda_overhead_component(device.compute_capability) if device.kind == "cuda"
-                      else Component("cuda_overhead", 0, 0, "CPU device: none"))
+    components.append(device_overhead_component(config, device))
     for name in MEMORY_GROUPS:
         components.append(Component(
             name,
@@ -244,6 +243,27 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs) -> 
     ))
     components.append(cuda_graphs_component(config, device, traced_config, key, inputs.num_bars, capacity, note))
     return components, capacity
+
+
+def profile_driver_bytes(config: Config, device: DeviceInfo) -> tuple[int, str]:
+    """Driver-side bytes for ``device`` and who measured them: its profile's, else the ``default`` profile's (a
+    measurement on another card, better than none; ``fitdqn profile`` measures this one). 0 off CUDA."""
+    if device.kind != "cuda":
+        return 0, ""
+    profiles = load_profiles(config.budget.profiles_dir or None)
+    profile = match_profile(device.name, profiles)
+    if profile.driver_bytes is None:
+        profile = profiles[DEFAULT_PROFILE]
+    return profile.driver_bytes or 0, profile_driver_source(profile)
+
+
+def device_overhead_component(config: Config, device: DeviceInfo) -> Component:
+    """``cuda_overhead`` for a CUDA device: workspaces + the driver-side bytes of ``profile_driver_bytes``."""
+    if device.kind != "cuda":
+        return Component("cuda_overhead", 0, 0, "CPU device: none")
+    driver_bytes, source = profile_driver_bytes(config, device)
+    return cuda_overhead_component(device.compute_capability, measured_driver_bytes=driver_bytes,
+                                   driver_source=source)
 
 
 def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None) -> Plan:

@@ -31,6 +31,9 @@ class Profile:
     total_memory_bytes: int | None = None  # the card's usual total memory, for what-if plans by alias
     path: str = ""
     measurements: tuple[dict[str, Any], ...] = field(default=())
+    # memory the driver takes outside PyTorch's allocator in a training process (kernel images loaded lazily,
+    # cuBLAS handles, CUDA-graph executables), measured by `fitdqn profile`; None: not measured
+    driver_bytes: int | None = None
 
     def matches(self, device_name: str) -> bool:
         return any(re.search(pattern, device_name, re.IGNORECASE) for pattern in self.match)
@@ -62,15 +65,20 @@ def parse_profile(text: str, origin: str) -> Profile:
             re.compile(pattern)
         except re.error as error:
             raise UserError(f"profile {origin}: bad match pattern {pattern!r}: {error}") from None
-    known = set(REQUIRED_FIELDS) | {"total_memory", "measurements"}
+    known = set(REQUIRED_FIELDS) | {"total_memory", "measurements", "driver_bytes"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise UserError(f"profile {origin}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     total = data.get("total_memory")
+    driver = data.get("driver_bytes")
+    driver_bytes = parse_size(driver) if isinstance(driver, str) else driver
+    if driver is not None and (not isinstance(driver_bytes, int) or isinstance(driver_bytes, bool) or driver_bytes < 0):
+        raise UserError(f"profile {origin}: driver_bytes must be a byte count >= 0 (e.g. 312000000 or '300MiB'), "
+                        f"got {driver!r}")
     return Profile(
         name=str(data["name"]), match=tuple(match), batch_size=batch, source=dict(source),
         total_memory_bytes=parse_size(total) if total is not None else None, path=origin,
-        measurements=tuple(data.get("measurements", ())),
+        measurements=tuple(data.get("measurements", ())), driver_bytes=driver_bytes,
     )
 
 

@@ -7,6 +7,12 @@ sub-actions), then a softmax over atoms gives each sub-action's return distribut
 All streams' first layers are one fused ``Linear(d_model, (1 + branches) * stream_hidden)`` (one matmul,
 one autocast cast of the features); each stream has its own output layer. Branches of unequal size are
 padded to the largest one: padded sub-actions get zero logits and ``valid_actions`` marks them invalid.
+
+The output layers are a few columns wider than they need be (:func:`aligned_width`: 51 -> 56 atoms, 5 x 51 =
+255 -> 256): with bf16 rows a multiple of 16 bytes cuBLAS can use its Hopper (sm_90) GEMMs; with 51 or 255
+columns it fell back to sm_75 kernels that took about 47 us each at batch 8192 on an H200, about 0.8 ms
+per update in all. The extra columns are sliced off before use: their weights get zero gradients and never
+move, and the maths is unchanged.
 """
 
 from __future__ import annotations
@@ -16,6 +22,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from fitdqn.nets.groups import tag
+
+GEMM_ALIGNMENT = 8  # bf16 elements in 16 bytes
+
+
+def aligned_width(width: int) -> int:
+    """``width`` rounded up to a multiple of ``GEMM_ALIGNMENT`` (an output layer's padded width)."""
+    return -(-width // GEMM_ALIGNMENT) * GEMM_ALIGNMENT
 
 
 def dueling(value: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
@@ -32,18 +45,18 @@ class BranchingDuelingC51(nn.Module):
         self.atoms = atoms
         self.max_n = max(branches)
         self.hidden = nn.Linear(d_model, (1 + len(branches)) * hidden)
-        self.value = nn.Linear(hidden, atoms)
-        self.advantages = nn.ModuleList(nn.Linear(hidden, n * atoms) for n in branches)
+        self.value = nn.Linear(hidden, aligned_width(atoms))
+        self.advantages = nn.ModuleList(nn.Linear(hidden, aligned_width(n * atoms)) for n in branches)
         tag(self, "dqn")
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         batch = features.shape[0]
         streams = F.relu(self.hidden(features), inplace=True)  # [B, (1 + branches) * h]
         streams = streams.view(batch, 1 + len(self.branches), -1)  # [B, 1 + branches, h]
-        value = self.value(streams[:, 0])  # [B, atoms]
+        value = self.value(streams[:, 0])[:, :self.atoms]  # [B, atoms] (padding columns dropped)
         logits = []
         for index, (n, layer) in enumerate(zip(self.branches, self.advantages, strict=True)):
-            advantage = layer(streams[:, 1 + index]).view(batch, n, self.atoms)  # [B, n, atoms]
+            advantage = layer(streams[:, 1 + index])[:, :n * self.atoms].view(batch, n, self.atoms)  # [B, n, atoms]
             branch = dueling(value, advantage)  # [B, n, atoms]
             if n < self.max_n:
                 branch = F.pad(branch, (0, 0, 0, self.max_n - n))  # [B, max_n, atoms]

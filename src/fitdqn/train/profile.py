@@ -97,12 +97,15 @@ def match_pattern(card: str) -> str:
 
 
 def profile_toml(name: str, card: str, batch_size: int, total_memory: int | None, source: dict[str, Any],
-                 measurements: list[dict[str, Any]], match: list[str] | None = None) -> str:
+                 measurements: list[dict[str, Any]], match: list[str] | None = None,
+                 driver_bytes: int | None = None) -> str:
     """The profile file: a header comment, the shipped fields, [source] and [[measurements]]."""
     data: dict[str, Any] = {"name": name, "match": match if match is not None else [match_pattern(card)],
                             "batch_size": int(batch_size)}
     if total_memory is not None:
         data["total_memory"] = int(total_memory)
+    if driver_bytes is not None:
+        data["driver_bytes"] = int(driver_bytes)
     data["source"] = {"kind": "measured", **{k: v for k, v in source.items() if k != "kind"}}
     data["measurements"] = [{k: round(row[k], 4) if isinstance(row[k], float) else row[k]
                              for k in MEASUREMENT_KEYS if row.get(k) is not None} for row in measurements]
@@ -113,6 +116,8 @@ def profile_toml(name: str, card: str, batch_size: int, total_memory: int | None
         f"{TOLERANCE:.0%}",
         "# of the best measured (fitdqn.train.profile.choose_batch); [[measurements]] are the rows it chose from.",
         "# total_memory is in bytes" + (f" ({format_bytes(total_memory)})." if total_memory else "."),
+        "# driver_bytes: the drop in the driver's free memory over the whole profiling run less the allocator's",
+        "# growth (kernel images, cuBLAS handles, graph executables); the plan budgets it in cuda_overhead.",
         "",
     ]
     return "\n".join(header) + tomli_w.dumps(data)
@@ -220,10 +225,12 @@ def measure_batch(trainer, batch: int, epochs: int, update_iters: int) -> dict[s
 
 
 def measure_batches(config: Config, device: DeviceInfo, batches: list[int] | None, epochs: int,
-                    update_iters: int, console=None) -> tuple[list[dict[str, Any]], Any]:
-    """Build the trainer once and measure each batch; an out-of-memory batch is a row with an error."""
+                    update_iters: int, console=None) -> tuple[list[dict[str, Any]], Any, int | None]:
+    """Build the trainer once and measure each batch; an out-of-memory batch is a row with an error.
+    Returns the rows, the trainer and the driver-side bytes of the whole run (``driver_side_bytes``)."""
     from fitdqn.train.trainer import Trainer
 
+    before = driver_memory(device)
     trainer = Trainer(config, device)
     plan = trainer.plan
     cap = min(plan.max_fitting_batch or config.budget.max_batch, config.budget.max_batch)
@@ -248,7 +255,25 @@ def measure_batches(config: Config, device: DeviceInfo, batches: list[int] | Non
         if batch > cap:
             row["note"] = f"above the planned largest batch {cap}"
         rows.append(row)
-    return rows, trainer
+    return rows, trainer, driver_side_bytes(before, driver_memory(device))
+
+
+def driver_memory(device: DeviceInfo) -> tuple[int, int] | None:
+    """``(free bytes the driver reports, bytes PyTorch's allocator reserves)`` now; None off CUDA."""
+    if device.kind != "cuda":
+        return None
+    index = torch.device("cuda", device.index or 0)
+    torch.cuda.synchronize(index)
+    return int(torch.cuda.mem_get_info(index)[0]), int(torch.cuda.memory_reserved(index))
+
+
+def driver_side_bytes(before: tuple[int, int] | None, after: tuple[int, int] | None) -> int | None:
+    """What the driver took outside the allocator between two ``driver_memory`` readings: the drop in free
+    memory less the allocator's growth (kernel images loaded lazily, cuBLAS handles, graph executables)."""
+    if before is None or after is None:
+        return None
+    (free_before, reserved_before), (free_after, reserved_after) = before, after
+    return max((free_before - free_after) - (reserved_after - reserved_before), 0)
 
 
 def print_profile(rows: list[dict[str, Any]], chosen: int, title: str, console=None) -> None:
@@ -294,7 +319,7 @@ def run_profile_command(args, config: Config) -> int:
     name = args.name or profile_name(device.name)
     out = Path(args.out) if args.out else Path("profiles") / f"{name}.toml"
     started = time.perf_counter()
-    rows, trainer = measure_batches(config, device, batches, args.epochs_per_batch, args.update_iters,
+    rows, trainer, driver_bytes = measure_batches(config, device, batches, args.epochs_per_batch, args.update_iters,
                                     None if args.json else console)
     chosen = choose_batch(rows)
     command = "fitdqn " + " ".join(getattr(args, "argv", ["profile"]))
@@ -315,14 +340,18 @@ def run_profile_command(args, config: Config) -> int:
         "precision": trainer.config.learn.precision,
     }
     text = profile_toml(name, device.name, chosen, device.total_bytes, source,
-                        [r for r in rows if "error" not in r])
+                        [r for r in rows if "error" not in r], driver_bytes=driver_bytes)
     write_profile(out, text)
     if args.json:
         print(json.dumps({"name": name, "batch_size": chosen, "path": str(out), "rows": rows,
+                          "driver_bytes": driver_bytes,
                           "source": source, "seconds": time.perf_counter() - started}, indent=2))
     else:
         print_profile(rows, chosen, f"{device.name}: training throughput by batch size "
                       f"({time.perf_counter() - started:.0f} s)", console)
+        if driver_bytes is not None:
+            console.print(f"driver-side bytes over the run: {format_bytes(driver_bytes)} (budgeted in cuda_overhead)",
+                          highlight=False)
         console.print(f"profile batch {chosen}: the smallest within {TOLERANCE:.0%} of the best epoch samples/s; "
                       f"written to {out} (use it with --budget.profiles_dir {out.parent})", highlight=False)
     del trainer
