@@ -123,7 +123,8 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
     props = torch.cuda.get_device_properties(device)
     reserved = torch.cuda.memory_reserved(device)
     info = DeviceInfo(
-        name=props.name, kind="cuda",  # the real name: the plan takes this card's profile index=0, total_bytes=cap, free_bytes=cap - reserved,
+        # the real name, so the plan takes this card's profile (its measured driver-side bytes)
+        name=props.name, kind="cuda", index=0, total_bytes=cap, free_bytes=cap - reserved,
         compute_capability=(props.major, props.minor), bf16=torch.cuda.is_bf16_supported(),
     )
     config = sweep_config(args.set)
