@@ -27,8 +27,10 @@ from pathlib import Path
 
 import torch
 
+from fitdqn.budget.build import trace_config
 from fitdqn.budget.trace import StepSetup, trace_step_memory
 from fitdqn.config import Config, config_to_dict, with_overrides
+from fitdqn.device.probe import probe
 from fitdqn.learn import Learner, capture_update, random_batch
 from fitdqn.nets.groups import parameter_groups
 
@@ -98,6 +100,9 @@ def cuda_peak(fn, device: torch.device) -> int:
 
 def trace_update(config: Config, state_dim: int, device: torch.device, batch_size: int):
     """The planner's trace of the same update (fake tensors; ``fitdqn.budget.trace``)."""
+    # as the planner traces it: the IQN kernels and the precision the device will pick (the fake tensors may be
+    # CPU ones standing in for CUDA tensors)
+    config, _ = trace_config(config, probe(str(device)))
 
     def make_step(batch: int, fake_device: torch.device) -> StepSetup:
         learner = Learner(config, state_dim, fake_device)

@@ -48,7 +48,11 @@ class NetConfig:
     iqn_quantiles: int = knob(64, "IQN quantile samples in training (N = N')")
     iqn_act_quantiles: int = knob(32, "IQN quantile samples for acting (K)")
     iqn_chunk: int = knob(
-        16, "quantiles per chunk in the fused IQN head (smaller: less activation memory, more kernels)"
+        16, "quantiles per chunk in the chunked IQN head (smaller: less activation memory, more kernels)"
+    )
+    iqn_kernel: str = knob(
+        "auto", "IQN head and quantile Huber loss: 'auto' (fused Triton kernels when the target device is CUDA "
+        "and Triton is installed, else 'chunked'), 'triton' (fused operators; plain maths on the CPU), 'chunked'"
     )
     iql_hidden: int = knob(128, "IQL value net width (state -> h -> h -> 1)")
 
@@ -305,6 +309,7 @@ def validate(config: Config) -> None:
         (n.d_model % n.attention_heads == 0, "net.d_model must be divisible by net.attention_heads"),
         (n.v_min < n.v_max, "net.v_min must be below net.v_max"),
         (n.window >= 1, "net.window must be at least 1"),
+        (n.iqn_kernel in ("auto", "triton", "chunked"), "net.iqn_kernel must be 'auto', 'triton' or 'chunked'"),
         (lrn.n_step >= 1, "learn.n_step must be at least 1"),
         (lrn.target_update in ("soft", "hard"), "learn.target_update must be 'soft' or 'hard'"),
         (lrn.risk in ("neutral", "cvar"), "learn.risk must be 'neutral' or 'cvar'"),

@@ -330,8 +330,9 @@ def small_config(**overrides) -> Config:
                                                 **overrides}), "cuda")
 
 
-def test_cuda_graphs_component_of_the_learner_step():
-    config = small_config()
+@pytest.mark.parametrize("iqn_kernel", ["chunked", "triton"])
+def test_cuda_graphs_component_of_the_learner_step(iqn_kernel):
+    config = small_config(**{"net.iqn_kernel": iqn_kernel})
     device = what_if("h200", 141 * 2**30, 140 * 2**30)
     traced, note = trace_config(config, device)
     component = cuda_graphs_component(config, device, traced, str(config_to_dict(traced)), 6000, 128 * 64, note)
@@ -341,20 +342,23 @@ def test_cuda_graphs_component_of_the_learner_step():
     assert "allocator model over the traced step's" in component.derived_from
     assert "(expandable segments)" in component.derived_from
     # the line through GRAPH_POOL_BATCHES covers the modelled pool beyond the step's live peak below, between
-    # and above them, and is no looser than the largest slack at those batches plus the page allowance. (The
-    # slack is not smooth in the batch: with a real GPU's kernel shapes it was 20 MB at batch 1024 and 71 MB
-    # at 4096 on an H200, so below the fitted batches the line is the larger one.)
+    # and above them (safe), and is loose by no more than the page allowance, the largest slack at the fitted
+    # batches, or a tenth of the pool. The slack is not smooth in the batch: with a real GPU's kernel shapes it
+    # was 20 MB at batch 1024 and 71 MB at 4096 on an H200; with the fused IQN head another phase than the live
+    # peak sets the pool from batch 6144 on (the line is then about 90 MiB above a 1448 MiB pool at 16384).
     make_step = make_train_step(traced, 6000, 128 * 64)
 
-    def slack(batch: int) -> int:
+    def pool_and_slack(batch: int) -> tuple[int, int]:
         trace = trace_step_memory(make_step, batch, "cuda", record_events=True)
-        return graph_pool_bytes(trace) - trace.step_bytes
+        pool = graph_pool_bytes(trace)
+        return pool, pool - trace.step_bytes
 
-    loosest = max(slack(b) for b in GRAPH_POOL_BATCHES) + 2 * (LARGE_BUFFER + SMALL_BUFFER)
+    pages = 2 * (LARGE_BUFFER + SMALL_BUFFER)
+    loosest = max(pool_and_slack(b)[1] for b in GRAPH_POOL_BATCHES) + pages
     for b in (1024, sum(GRAPH_POOL_BATCHES) // 2, 2 * GRAPH_POOL_BATCHES[1]):
-        beyond = slack(b)
+        pool, beyond = pool_and_slack(b)
         assert 0 < beyond <= component.bytes_at(b), b
-        assert component.bytes_at(b) <= max(loosest, beyond + 2 * (LARGE_BUFFER + SMALL_BUFFER)), b
+        assert component.bytes_at(b) <= max(loosest, beyond + pages, beyond + pool // 10), b
 
 
 def test_cuda_graphs_component_is_zero_without_graphs():

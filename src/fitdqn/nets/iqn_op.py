@@ -1,0 +1,160 @@
+"""The IQN head as one PyTorch operator, ``fitdqn::iqn_quantile_head``, with its backward as a second one.
+
+``iqn_quantile_head(features [B, d], taus [B, N], frequencies [E], embed_w [d, E], embed_b [d], out_w [O, d],
+out_b [O], chunk, dtype) -> [B, N, O]`` (fp32 at least): the maths of :mod:`fitdqn.nets.iqn_chunked`.
+
+Kernels: on CUDA the fused Triton kernels of :mod:`fitdqn.nets.iqn_triton` (compute dtype bf16, fp16 or
+fp32); everywhere else (and for fp64 on CUDA) the chunked PyTorch maths, ``chunk`` quantiles at a time.
+
+Why an operator and not an ``autograd.Function``: the memory planner traces the update on fake tensors
+(``fitdqn.budget.trace``, often fake *CPU* tensors standing in for CUDA ones) and counts every storage an op
+returns. Its fake kernels (``register_fake``) allocate exactly what the Triton path allocates, whatever
+device the fake tensors claim, so the trace of a CUDA target sees the GPU's bytes:
+
+- forward: the output ``[B, N, O]`` fp32; autograd saves only the inputs (features ``[B, d]``, taus
+  ``[B, N]`` and the parameters); nothing of size ``[B, N, d]`` exists at any time;
+- backward op: grad features ``[B, d]`` fp32 and the weight gradients as per-program partial sums
+  (``[P, d, E]``, ``[P, O, d]``, ``[P, O]`` fp32, ``P = min(WEIGHT_GRAD_PROGRAMS, tiles)``: 8 MiB +
+  1.9 MiB at d = 256, E = 64, O = 15, independent of the batch beyond 128 tiles), summed over P by torch in the
+  autograd backward (:func:`_backward`), where the trace sees those sums too.
+
+The CPU kernel of the backward op returns its (exact, chunked) gradients in partial row 0 and zeros in the
+others, so both kernels have one output contract.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from fitdqn.nets.iqn_chunked import accumulate_dtype, chunked_quantile_grads, chunked_quantiles
+
+TILE_ROWS = 64  # (sample, quantile) rows per Triton tile
+WEIGHT_GRAD_PROGRAMS = 128  # programs along the batch in backward (x the d slices: 8 at d = 256)
+FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # compute and feature dtypes Triton takes
+
+
+class TileGeometry(NamedTuple):
+    """How the Triton kernels cut the ``B x N`` rows: tiles of ``samples`` whole samples x ``block_quantiles``."""
+
+    block_quantiles: int  # quantiles per tile: N rounded up to a power of two, at most TILE_ROWS
+    samples: int  # samples per tile: TILE_ROWS // block_quantiles
+    quantile_blocks: int  # tiles along one sample's quantiles (N > TILE_ROWS only)
+    tiles: int  # tiles along the batch
+    programs: int  # backward programs along the batch (each owns tiles p, p + programs, ...)
+
+
+def tile_geometry(batch: int, quantiles: int) -> TileGeometry:
+    block = min(1 << max(quantiles - 1, 0).bit_length(), TILE_ROWS)
+    samples = TILE_ROWS // block
+    tiles = -(-batch // samples)
+    return TileGeometry(block, samples, -(-quantiles // block), tiles, min(WEIGHT_GRAD_PROGRAMS, tiles))
+
+
+def _triton():
+    """The Triton kernels' module, imported on first use (Triton is only needed on CUDA)."""
+    try:
+        from fitdqn.nets import iqn_triton
+    except ModuleNotFoundError as error:
+        if error.name != "triton":
+            raise
+        raise RuntimeError("net.iqn_kernel = 'triton' on CUDA needs the triton package (pip install triton); "
+                           "or set net.iqn_kernel = 'chunked'") from error
+    return iqn_triton
+
+
+def fused_kernel_takes(features: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the Triton kernels take these dtypes (else the chunked maths runs, on any device)."""
+    return dtype in FUSED_DTYPES and features.dtype in FUSED_DTYPES
+
+
+# ---------------------------------------------------------------------------------------------- forward
+
+@torch.library.custom_op("fitdqn::iqn_quantile_head", mutates_args=())
+def iqn_quantile_head(features: torch.Tensor, taus: torch.Tensor, frequencies: torch.Tensor,
+                      embed_w: torch.Tensor, embed_b: torch.Tensor, out_w: torch.Tensor, out_b: torch.Tensor,
+                      chunk: int, dtype: torch.dtype) -> torch.Tensor:
+    """Quantile values ``[B, N, O]``; the default (CPU) kernel is the chunked maths."""
+    return chunked_quantiles(features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype)
+
+
+@iqn_quantile_head.register_kernel("cuda")
+def _quantiles_cuda(features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype):
+    if not fused_kernel_takes(features, dtype):
+        return chunked_quantiles(features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype)
+    return _triton().fused_quantiles(features, taus, frequencies, embed_w, embed_b, out_w, out_b, dtype)
+
+
+@iqn_quantile_head.register_fake
+def _quantiles_fake(features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype):
+    batch, quantiles = taus.shape
+    return features.new_empty((batch, quantiles, out_w.shape[0]), dtype=accumulate_dtype(features))
+
+
+# ---------------------------------------------------------------------------------------------- backward
+
+@torch.library.custom_op("fitdqn::iqn_quantile_head_backward", mutates_args=())
+def iqn_quantile_head_backward(grad_out: torch.Tensor, features: torch.Tensor, taus: torch.Tensor,
+                               frequencies: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor,
+                               out_w: torch.Tensor, chunk: int, dtype: torch.dtype
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``grad_out [B, N, O]`` -> grad features ``[B, d]``, partial sums of the gradients of embed_w
+    ``[P, d, E]``, out_w ``[P, O, d]`` and out_b ``[P, O]`` (module docstring). Default (CPU) kernel: the chunked
+    maths."""
+    return _chunked_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype)
+
+
+@iqn_quantile_head_backward.register_kernel("cuda")
+def _grads_cuda(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype):
+    if not fused_kernel_takes(features, dtype):
+        return _chunked_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype)
+    return _triton().fused_quantile_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, dtype)
+
+
+@iqn_quantile_head_backward.register_fake
+def _grads_fake(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype):
+    programs = tile_geometry(*taus.shape).programs
+    acc = accumulate_dtype(features)
+    (d_model, embedding), outputs = embed_w.shape, out_w.shape[0]
+    return (features.new_empty(features.shape, dtype=acc),
+            features.new_empty((programs, d_model, embedding), dtype=acc),
+            features.new_empty((programs, outputs, d_model), dtype=acc),
+            features.new_empty((programs, outputs), dtype=acc))
+
+
+def _chunked_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype):
+    """The backward op's contract from the chunked maths: its exact gradients in partial row 0."""
+    grad_x, grad_w1, grad_w2, grad_b2 = chunked_quantile_grads(
+        grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype)
+    programs = tile_geometry(*taus.shape).programs
+    return grad_x, _in_row_zero(grad_w1, programs), _in_row_zero(grad_w2, programs), _in_row_zero(grad_b2, programs)
+
+
+def _in_row_zero(total: torch.Tensor, programs: int) -> torch.Tensor:
+    """``total`` as ``[programs, *shape]`` partial sums: itself in row 0, zeros in the others."""
+    parts = total.new_zeros((programs, *total.shape))
+    if programs:
+        parts[0] = total
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------- autograd
+
+def _setup_context(ctx, inputs, output) -> None:
+    features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype = inputs
+    ctx.save_for_backward(features, taus, frequencies, embed_w, embed_b, out_w)  # inputs only
+    ctx.chunk, ctx.dtype, ctx.out_b_dtype = chunk, dtype, out_b.dtype
+
+
+def _backward(ctx, grad_out):  # grad_out [B, N, O]
+    features, taus, frequencies, embed_w, embed_b, out_w = ctx.saved_tensors
+    grad_x, w1_parts, w2_parts, b2_parts = torch.ops.fitdqn.iqn_quantile_head_backward(
+        grad_out, features, taus, frequencies, embed_w, embed_b, out_w, ctx.chunk, ctx.dtype)
+    grad_w1 = w1_parts.sum(0)  # [d, E]
+    grad_b1 = grad_w1[:, 0].clone()  # cos(pi * 0 * tau) = 1: the bias is the first column's twin
+    return (grad_x.to(features.dtype), None, None, grad_w1.to(embed_w.dtype), grad_b1.to(embed_b.dtype),
+            w2_parts.sum(0).to(out_w.dtype), b2_parts.sum(0).to(ctx.out_b_dtype), None, None)
+
+
+iqn_quantile_head.register_autograd(_backward, setup_context=_setup_context)
