@@ -233,14 +233,12 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
 
 
 def planned_driver_bytes(config, info) -> int:
-    """The driver-side bytes the plan budgets for this device (``cuda_overhead`` beyond the workspaces)."""
-    from fitdqn.budget.build import device_overhead_component
-    from fitdqn.budget.overhead import cuda_overhead_component
+    """The driver-side bytes the plan budgets for this device (its ``cuda_driver`` component)."""
+    from fitdqn.budget.build import device_overhead_components
     from fitdqn.config import for_device
 
-    config = for_device(config, "cuda")
-    with_driver = device_overhead_component(config, info).fixed_bytes
-    return with_driver - cuda_overhead_component(info.compute_capability).fixed_bytes
+    components = device_overhead_components(for_device(config, "cuda"), info)
+    return sum(c.fixed_bytes for c in components if c.name == "cuda_driver")
 
 
 def child_main(args: argparse.Namespace) -> int:

@@ -129,7 +129,9 @@ class BudgetConfig:
     batch_size: int = knob(
         -1, "-1: the GPU profile's tested batch; 0: auto (planner computes it); N > 0: exactly N, checked"
     )
-    replay_buffer_vram_fraction: float = knob(0.70, "share of probed free memory for the replay buffer")
+    replay_buffer_vram_fraction: float = knob(
+        0.70, "share of probed free memory for the replay buffer (free memory less CUDA's own: cuBLAS workspaces "
+        "and the driver-side bytes of the GPU's profile)")
     min_batch: int = knob(64, "smallest batch the planner may choose")
     max_batch: int = knob(16384, "largest batch the planner may choose")
     headroom_fraction: float = knob(0.05, "share of probed free memory kept unused (fragmentation)")

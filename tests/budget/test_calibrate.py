@@ -21,7 +21,7 @@ from fitdqn.budget.calibrate import (
     require_cuda,
 )
 from fitdqn.budget.component import Component
-from fitdqn.budget.overhead import cuda_overhead_component
+from fitdqn.budget.overhead import cuda_driver_component, cuda_overhead_component
 from fitdqn.budget.planner import make_plan
 from fitdqn.budget.trace import trace_step_memory
 from fitdqn.config import BudgetConfig, Config, for_device, with_overrides
@@ -82,8 +82,8 @@ def test_calibrated_components_scale_to_the_measured_slope():
     components = plan_components()
     traced = {c.name: c for c in components}
     measured, extra, driver = 43210, 3 * 2**20, 300 * 2**20
-    out = {c.name: c for c in calibrated_components(components, measured, extra, driver, 0, "test run")}
-    assert list(out) == [c.name for c in components]
+    out = {c.name: c for c in calibrated_components(components, measured, extra, driver, "test run")}
+    assert list(out) == [c.name for c in components] + ["cuda_driver"]
     assert sum(out[name].per_sample_bytes for name in STEP_COMPONENTS) == measured
     factor = measured / sum(traced[name].per_sample_bytes for name in STEP_COMPONENTS)
     for name in STEP_COMPONENTS:
@@ -92,28 +92,20 @@ def test_calibrated_components_scale_to_the_measured_slope():
         if name != "batch":
             assert out[name].fixed_bytes == traced[name].fixed_bytes
     assert out["batch"].fixed_bytes == traced["batch"].fixed_bytes + extra
-    expected_overhead = cuda_overhead_component((9, 0), measured_driver_bytes=driver)
-    assert out["cuda_overhead"].fixed_bytes == expected_overhead.fixed_bytes
-    assert expected_overhead.fixed_bytes == traced["cuda_overhead"].fixed_bytes + driver
-    assert "driver-side bytes + 300 MiB (test run)" in out["cuda_overhead"].derived_from
+    assert out["cuda_overhead"] == traced["cuda_overhead"]  # the workspaces: unchanged
+    assert out["cuda_driver"].fixed_bytes == driver and "test run" in out["cuda_driver"].derived_from
     assert out["collector"] == traced["collector"]
 
 
-def test_calibrated_components_keep_a_non_default_overhead_and_add_the_driver_bytes():
-    components = [cuda_overhead_component((8, 0), streams=3), Component("dqn", 0, 10, "dqn")]
-    out = calibrated_components(components, 20, 0, 1000)
-    assert out[0].fixed_bytes == components[0].fixed_bytes + 1000
-    assert out[1].per_sample_bytes == 20
-
-
-@pytest.mark.parametrize("held, measured, expected", [(300, 1000, 1000), (3000, 1000, 3000), (0, 1000, 1000)])
+@pytest.mark.parametrize("held, measured, expected", [(300, 1000, 1000), (3000, 1000, 3000), (None, 1000, 1000)])
 def test_calibration_keeps_the_larger_of_the_profile_and_measured_driver_bytes(held, measured, expected):
-    workspaces = cuda_overhead_component((9, 0))
-    with_profile = cuda_overhead_component((9, 0), measured_driver_bytes=held, driver_source="by a profile")
-    out = calibrated_components([with_profile, Component("dqn", 0, 10, "dqn")], 20, 0, measured, held,
-                                "measured by --calibrate")
-    assert out[0].fixed_bytes == workspaces.fixed_bytes + expected
-    assert "measured by --calibrate" in out[0].derived_from or "more than" in out[0].derived_from
+    components = [cuda_overhead_component((9, 0)), Component("dqn", 0, 10, "dqn")]
+    if held is not None:
+        components.append(cuda_driver_component(held, "by a profile"))
+    out = {c.name: c for c in calibrated_components(components, 20, 0, measured, "measured by --calibrate")}
+    assert out["cuda_overhead"] == components[0]
+    assert out["cuda_driver"].fixed_bytes == expected
+    assert ("more than" in out["cuda_driver"].derived_from) == (held is not None and held >= measured)
 
 
 def calibration(**changes) -> Calibration:

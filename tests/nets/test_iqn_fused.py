@@ -165,6 +165,8 @@ TOLERANCES = {  # max |fused - reference| / max |reference| against the fp32 ref
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
     pytest.importorskip("triton")
+    if torch.cuda.is_available():  # the interpreter stands in for a GPU; on one the compiled kernels are tested
+        pytest.skip("a CUDA GPU is present: the tests below run the compiled kernels")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     script = Path(__file__).with_name("iqn_interpreter.py")
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
@@ -202,8 +204,10 @@ def test_fused_head_on_cuda_matches_the_chunked_head_and_the_reference(batch, qu
         chunked = head_and_grads(chunked_head, features, taus, upstream)
     reference = head_and_grads(head, features, taus, upstream, reference=True)  # fp32
     # errors as norms, relative: over up to 134M pre-activations a few ReLUs flip between any two fp32 paths
-    # (other summation orders, cosine implementations), each moving one row of a weight gradient
-    limit = 1e-4 if precision == torch.float32 else 2e-2
+    # (other summation orders, cosine implementations), each moving one row of a weight gradient. In bf16 the
+    # embedding gradient of a small batch is that coarse for the chunked head too (0.036 at B = 37, N = 32 on an
+    # H200, both heads): the absolute bound is loose there and "no worse than today" is the real check
+    limit = 1e-4 if precision == torch.float32 else 0.1
     for key, got, today, expected in zip(RESULTS, fused, chunked, reference, strict=True):
         scale = expected.norm()
         error, today_error = (got - expected).norm() / scale, (today - expected).norm() / scale

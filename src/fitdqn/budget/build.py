@@ -28,7 +28,7 @@ import torch
 
 from fitdqn.budget.allocator_model import expandable_segments_enabled, graph_pool_fit
 from fitdqn.budget.component import Component
-from fitdqn.budget.overhead import cuda_overhead_component, profile_driver_source
+from fitdqn.budget.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
 from fitdqn.budget.planner import Plan, make_plan
 from fitdqn.budget.trace import (
     StepFit,
@@ -206,12 +206,13 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs) -> 
     """Every consumer, in any order (the planner orders them), and the planned replay capacity."""
     spec = transition_spec()
     num_envs = config.collect.num_envs
-    free = device.free_bytes if device.free_bytes is not None else 0
+    overhead = device_overhead_components(config, device)  # CUDA's own bytes: not free for the replay's share
     if device.free_bytes is None:
         capacity = max(config.replay.capacity // num_envs, config.learn.n_step) * num_envs
         replay = Component("replay", 0, replay_sample_bytes(config, spec), "memory unknown: not sized")
     else:
-        replay, capacity = replay_component(config, spec, free, num_envs)
+        cuda_own = sum(c.fixed_bytes for c in overhead)
+        replay, capacity = replay_component(config, spec, max(device.free_bytes - cuda_own, 0), num_envs)
     her = her_component(config, spec)
 
     traced_config, note = trace_config(config, device)
@@ -228,7 +229,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs) -> 
         0,
         f"market tensors ({inputs.num_bars} bars) + env state ({num_envs} envs) + traced act step peak",
     ))
-    components.append(device_overhead_component(config, device))
+    components.extend(overhead)
     for name in MEMORY_GROUPS:
         components.append(Component(
             name,
@@ -261,13 +262,15 @@ def profile_driver_bytes(config: Config, device: DeviceInfo) -> tuple[int, str]:
     return profile.driver_bytes or 0, profile_driver_source(profile)
 
 
-def device_overhead_component(config: Config, device: DeviceInfo) -> Component:
-    """``cuda_overhead`` for a CUDA device: workspaces + the driver-side bytes of ``profile_driver_bytes``."""
+def device_overhead_components(config: Config, device: DeviceInfo) -> list[Component]:
+    """CUDA's own bytes: ``cuda_overhead`` (workspaces) and ``cuda_driver`` (``profile_driver_bytes``)."""
     if device.kind != "cuda":
-        return Component("cuda_overhead", 0, 0, "CPU device: none")
+        return [Component("cuda_overhead", 0, 0, "CPU device: none")]
     driver_bytes, source = profile_driver_bytes(config, device)
-    return cuda_overhead_component(device.compute_capability, measured_driver_bytes=driver_bytes,
-                                   driver_source=source)
+    components = [cuda_overhead_component(device.compute_capability)]
+    if driver_bytes:
+        components.append(cuda_driver_component(driver_bytes, source))
+    return components
 
 
 def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None) -> Plan:

@@ -18,7 +18,7 @@ saves more for backward) only a real run shows. Calibration runs the same captur
    the step first runs (kernel images loaded lazily, cuBLAS/cuBLASLt handles, Triton modules). Not seen:
    the collector's kernels and CUDA-graph executables (calibration runs the update eagerly), so this is a
    lower bound of what a training process loads; the GPU's profile holds the whole-process figure (measured
-   by ``fitdqn profile``) and ``cuda_overhead`` keeps the larger of the two (``with_driver_bytes``).
+   by ``fitdqn profile``) and the ``cuda_driver`` component keeps the larger of the two (``with_driver_bytes``).
 
 With ``--calibrate`` the plan then *uses* the measurement (``calibrated_components``): every component's
 per-sample bytes are the traced ones scaled by one factor so that they sum exactly to the measured slope
@@ -43,9 +43,9 @@ from typing import Any
 import torch
 
 from fitdqn.budget.attribution import OTHER, GroupOwner
-from fitdqn.budget.build import profile_driver_bytes
 from fitdqn.budget.component import Component
 from fitdqn.budget.live_bytes import LiveBytes
+from fitdqn.budget.overhead import cuda_driver_component
 from fitdqn.budget.planner import Plan, make_plan
 from fitdqn.budget.trace import (
     MakeStep,
@@ -104,15 +104,14 @@ def calibrated_components(
     per_sample_total: int,
     extra_fixed: int = 0,
     driver_bytes: int = 0,
-    driver_in_overhead: int = 0,
     how: str = "measured by --calibrate",
 ) -> list[Component]:
     """The plan's components with the measurement applied (module docstring).
 
     ``per_sample_total`` replaces the sum of the per-sample bytes of ``STEP_COMPONENTS`` (apportioned in the
     proportions the trace gave them); ``extra_fixed`` (> 0: the measured step intercept above the traced one)
-    joins ``batch``'s fixed bytes; ``driver_bytes`` raises ``cuda_overhead``'s driver-side part
-    (``driver_in_overhead``, from the GPU's profile) to at least itself. Other components are unchanged.
+    joins ``batch``'s fixed bytes; ``driver_bytes`` raises ``cuda_driver`` (from the GPU's profile, or added)
+    to at least itself (``with_driver_bytes``). Other components are unchanged.
     """
     step = [c for c in components if c.name in STEP_COMPONENTS]
     traced_total = sum(c.per_sample_bytes for c in step)
@@ -130,21 +129,21 @@ def calibrated_components(
                 fixed += extra_fixed
                 text += f"; + {format_bytes(extra_fixed)} measured step intercept above the traced one"
             c = Component(c.name, fixed, shares[c.name], text)
-        elif c.name == "cuda_overhead" and driver_bytes > 0:
-            c = with_driver_bytes(c, driver_bytes, driver_in_overhead, how)
         out.append(c)
-    return out
+    return with_driver_bytes(out, driver_bytes, how) if driver_bytes > 0 else out
 
 
-def with_driver_bytes(component: Component, measured: int, held: int, how: str) -> Component:
-    """``cuda_overhead`` with calibrated driver-side bytes: it holds ``held`` already (a profile's measurement
-    over a whole training process); the larger of that and ``measured`` (this calibration, the update alone)."""
-    if measured <= held:
-        return Component(component.name, component.fixed_bytes, component.per_sample_bytes,
-                         f"{component.derived_from} (more than the {format_bytes(measured)} {how})")
-    verb = f"raised to {format_bytes(measured)}" if held else f"+ {format_bytes(measured)}"
-    return Component(component.name, component.fixed_bytes + measured - held, component.per_sample_bytes,
-                     f"{component.derived_from}; driver-side bytes {verb} ({how})")
+def with_driver_bytes(components: list[Component], measured: int, how: str) -> list[Component]:
+    """``cuda_driver`` raised to at least ``measured``: it holds a profile's whole-process figure (or is absent);
+    this calibration measured the update alone, a lower bound. The larger of the two is kept."""
+    held = next((c for c in components if c.name == "cuda_driver"), None)
+    if held is not None and held.fixed_bytes >= measured:
+        note = f"{held.derived_from} (more than the {format_bytes(measured)} {how})"
+        return [Component(c.name, c.fixed_bytes, c.per_sample_bytes, note) if c is held else c for c in components]
+    driver = cuda_driver_component(measured, how)
+    if held is None:
+        return [*components, driver]
+    return [driver if c is held else c for c in components]
 
 
 def group_per_sample(components: list[Component] | tuple[Component, ...]) -> dict[str, int]:
@@ -333,10 +332,8 @@ def calibrated_plan(plan: Plan, calibration: Calibration, config: Config) -> Pla
     """Re-plan with the measured per-sample total, step intercept and driver bytes (checks the fit again)."""
     how = (f"measured by --calibrate at batch {calibration.batches[0]} and {calibration.batches[1]} "
            f"on {calibration.device_name}")
-    held, _ = profile_driver_bytes(config, plan.device)
     components = calibrated_components(
-        plan.components, calibration.measured_per_sample, calibration.extra_fixed, calibration.driver_bytes,
-        held, how)
+        plan.components, calibration.measured_per_sample, calibration.extra_fixed, calibration.driver_bytes, how)
     new = make_plan(plan.device, plan.profile, config.budget, components, plan.replay_capacity)
     note = (f"calibrated: {calibration.measured_per_sample} B/sample measured vs {plan.per_sample_bytes} traced "
             f"({how}); driver-side {format_bytes(calibration.driver_bytes)}")

@@ -7,10 +7,11 @@
   else ``:4096:8`` on compute capability 9.0 and ``:4096:2:16:8`` elsewhere; cuBLASLt gets the same size
   (``TORCH_CUBLASLT_WORKSPACE_SIZE`` in KiB overrides it). fitdqn uses ``streams`` streams (the default
   stream and the CUDA-graph capture stream).
-- Driver-side bytes: module and kernel images loaded lazily, cuBLAS handles, CUDA-graph executables, none of
-  them visible to the allocator. ``fitdqn profile`` measures them over a whole training process on the real
-  card and stores them in the card's profile (``driver_bytes``), which the plan uses; ``fitdqn plan
-  --calibrate`` measures them for the update alone (a lower bound) and the plan takes the larger of the two.
+- Driver-side bytes are the separate ``cuda_driver`` component (``cuda_driver_component``): module and kernel
+  images loaded lazily, cuBLAS handles, CUDA-graph executables, none of them visible to the allocator.
+  ``fitdqn profile`` measures them over a whole training process on the real card and stores them in the card's
+  profile (``driver_bytes``), which the plan uses; ``fitdqn plan --calibrate`` measures them for the update alone
+  (a lower bound) and the plan takes the larger of the two.
 
 CUDA-graph pools hold the captured step's activations (the networks' per-sample bytes) plus what the caching
 allocator's segments and fragmentation add on top: that slack is the separate ``cuda_graphs`` component, from
@@ -49,23 +50,24 @@ def cublaslt_workspace_bytes(cublas_bytes: int) -> int:
     return int(configured) * 1024 if configured else cublas_bytes
 
 
-def cuda_overhead_component(
-    compute_capability: tuple[int, int] | None,
-    streams: int = DEFAULT_STREAMS,
-    measured_driver_bytes: int = 0,
-    driver_source: str = "measured by --calibrate",
-) -> Component:
-    """Workspaces for ``streams`` streams plus ``measured_driver_bytes`` (``driver_source`` says who measured)."""
+def cuda_overhead_component(compute_capability: tuple[int, int] | None, streams: int = DEFAULT_STREAMS) -> Component:
+    """cuBLAS + cuBLASLt workspaces for ``streams`` streams."""
     cublas, source = cublas_workspace_bytes(compute_capability)
     cublaslt = cublaslt_workspace_bytes(cublas)
-    fixed = streams * (cublas + cublaslt) + measured_driver_bytes
-    derived = f"{streams} streams x (cuBLAS + cuBLASLt workspace, {source})"
-    if measured_driver_bytes:
-        derived += f" + driver-side bytes {driver_source}"
-    return Component("cuda_overhead", fixed, 0, derived)
+    return Component("cuda_overhead", streams * (cublas + cublaslt), 0,
+                     f"{streams} streams x (cuBLAS + cuBLASLt workspace, {source})")
+
+
+def cuda_driver_component(driver_bytes: int, source: str) -> Component:
+    """What the driver takes outside PyTorch's allocator, as ``source`` measured it."""
+    return Component("cuda_driver", driver_bytes, 0,
+                     f"driver-side bytes (kernel images, cuBLAS handles, graph executables) {source}")
 
 
 def profile_driver_source(profile) -> str:
-    """Where a profile's ``driver_bytes`` came from, for ``derived_from``."""
+    """Where a profile's ``driver_bytes`` came from, for ``derived_from``: its ``[source] driver_bytes`` text where
+    it has one (a figure borrowed from another card), else the card and date of the profile's measurement."""
     source = profile.source
+    if "driver_bytes" in source:
+        return str(source["driver_bytes"])
     return f"measured by `fitdqn profile` on {source.get('card', profile.name)} ({source.get('date', '?')})"

@@ -22,7 +22,7 @@ from fitdqn.device.profiles import Profile
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 
-ALLOCATION_ORDER = ("replay", "her", "collector", "cuda_overhead", "dqn", "attention", "iqn", "iql")
+ALLOCATION_ORDER = ("replay", "her", "collector", "cuda_overhead", "cuda_driver", "dqn", "attention", "iqn", "iql")
 
 
 class InfeasiblePlan(UserError):

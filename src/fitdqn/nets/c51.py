@@ -17,6 +17,8 @@ move, and the maths is unchanged.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +31,23 @@ GEMM_ALIGNMENT = 8  # bf16 elements in 16 bytes
 def aligned_width(width: int) -> int:
     """``width`` rounded up to a multiple of ``GEMM_ALIGNMENT`` (an output layer's padded width)."""
     return -(-width // GEMM_ALIGNMENT) * GEMM_ALIGNMENT
+
+
+class PaddedLinear(nn.Linear):
+    """``nn.Linear(in, aligned_width(out))`` whose first ``out`` rows start exactly as ``nn.Linear(in, out)``'s
+    would (the same random draws, so seeded runs are unchanged by the padding); the padding rows start at zero."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        object.__setattr__(self, "used_features", out_features)  # read by reset_parameters in nn.Linear.__init__
+        super().__init__(in_features, aligned_width(out_features))
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.zero_()
+            self.bias.zero_()
+            nn.init.kaiming_uniform_(self.weight[:self.used_features], a=math.sqrt(5))  # nn.Linear's own init
+            bound = 1 / math.sqrt(self.in_features)
+            nn.init.uniform_(self.bias[:self.used_features], -bound, bound)
 
 
 def dueling(value: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
@@ -45,8 +64,8 @@ class BranchingDuelingC51(nn.Module):
         self.atoms = atoms
         self.max_n = max(branches)
         self.hidden = nn.Linear(d_model, (1 + len(branches)) * hidden)
-        self.value = nn.Linear(hidden, aligned_width(atoms))
-        self.advantages = nn.ModuleList(nn.Linear(hidden, aligned_width(n * atoms)) for n in branches)
+        self.value = PaddedLinear(hidden, atoms)
+        self.advantages = nn.ModuleList(PaddedLinear(hidden, n * atoms) for n in branches)
         tag(self, "dqn")
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:

@@ -117,7 +117,7 @@ def profile_toml(name: str, card: str, batch_size: int, total_memory: int | None
         "# of the best measured (fitdqn.train.profile.choose_batch); [[measurements]] are the rows it chose from.",
         "# total_memory is in bytes" + (f" ({format_bytes(total_memory)})." if total_memory else "."),
         "# driver_bytes: the drop in the driver's free memory over the whole profiling run less the allocator's",
-        "# growth (kernel images, cuBLAS handles, graph executables); the plan budgets it in cuda_overhead.",
+        "# growth (kernel images, cuBLAS handles, graph executables); the plan budgets it as cuda_driver.",
         "",
     ]
     return "\n".join(header) + tomli_w.dumps(data)
@@ -350,7 +350,7 @@ def run_profile_command(args, config: Config) -> int:
         print_profile(rows, chosen, f"{device.name}: training throughput by batch size "
                       f"({time.perf_counter() - started:.0f} s)", console)
         if driver_bytes is not None:
-            console.print(f"driver-side bytes over the run: {format_bytes(driver_bytes)} (budgeted in cuda_overhead)",
+            console.print(f"driver-side bytes over the run: {format_bytes(driver_bytes)} (budgeted as cuda_driver)",
                           highlight=False)
         console.print(f"profile batch {chosen}: the smallest within {TOLERANCE:.0%} of the best epoch samples/s; "
                       f"written to {out} (use it with --budget.profiles_dir {out.parent})", highlight=False)

@@ -106,8 +106,7 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
         raise
     trainer.save(run_dir)
     if trainer.device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(trainer.device)
-        plan_record["peak"] = peak_memory_row(trainer.plan, peak)
+        plan_record["peak"] = peak_memory_row(trainer.plan, torch.cuda.max_memory_reserved(trainer.device))
         for line in format_rows([plan_record["peak"]]):
             console.print(line, highlight=False)
     atomic_write_text(run_dir / "plan.json", json.dumps(plan_record, indent=2))

@@ -1,0 +1,17 @@
+from fitdqn.budget.component import Component
+from fitdqn.budget.planner import make_plan
+from fitdqn.config import Config
+from fitdqn.device import load_profiles, what_if
+from fitdqn.train.memory_check import peak_memory_row
+
+MIB = 2**20
+
+
+def test_run_peak_compares_reserved_bytes_with_the_plan_less_the_drivers_own():
+    components = [Component("replay", 100 * MIB, 0, "r"), Component("cuda_driver", 300 * MIB, 0, "d"),
+                  Component("dqn", 10 * MIB, 1000, "n")]
+    plan = make_plan(what_if("Test GPU", 8 * 2**30, 8 * 2**30), load_profiles()["default"], Config().budget,
+                     components, 1024)
+    row = peak_memory_row(plan, reserved_peak=plan.planned_bytes - 300 * MIB)
+    assert row["planned_bytes"] == 110 * MIB + 1000 * plan.batch_size
+    assert row["difference"] == 0.0 and "reserved" in row["phase"]
