@@ -67,13 +67,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fitdqn.budget.live_bytes import AllocEvent
+from fitdqn.budget.live_bytes import BLOCK_BYTES, AllocEvent, round_block
 
 if TYPE_CHECKING:
     from fitdqn.budget.trace import StepTrace
 
 MIB = 1 << 20
-MIN_BLOCK = 512  # kMinBlockSize
+MIN_BLOCK = BLOCK_BYTES  # kMinBlockSize
 SMALL_SIZE = MIB  # kSmallSize: the largest small-pool request
 SMALL_BUFFER = 2 * MIB  # kSmallBuffer: small-pool segment, and expandable small-pool page
 LARGE_BUFFER = 20 * MIB  # kLargeBuffer: segment for 1-10 MiB requests, and expandable large-pool page
@@ -83,8 +83,8 @@ ADDRESS_SPACE = 1 << 48  # an expandable segment's reserved virtual range: far m
 
 
 def round_size(nbytes: int) -> int:
-    """``round_size``: a multiple of 512 bytes, at least 512."""
-    return max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
+    """``round_size``: a multiple of 512 bytes, at least 512 (the tracer's ``round_block``, but never 0)."""
+    return max(MIN_BLOCK, round_block(nbytes))
 
 
 def allocation_size(size: int) -> int:

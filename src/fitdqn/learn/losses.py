@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from fitdqn.learn.quantile_huber_op import quantile_huber
+
 
 @torch.no_grad()
 def categorical_projection(
@@ -65,9 +67,7 @@ class _QuantileHuber(torch.autograd.Function):
     @staticmethod
     def forward(ctx, pred, target, taus, kappa: float, fused: bool):
         if fused:
-            from fitdqn.learn import quantile_huber_op  # noqa: F401  (registers the operator)
-
-            loss, grad = torch.ops.fitdqn.quantile_huber(pred, target, taus, kappa)
+            loss, grad = quantile_huber(pred, target, taus, kappa)
         else:
             loss, grad = _quantile_huber_sorted(pred, target, taus, kappa)
         ctx.save_for_backward(grad)  # [B, N, ...]: the only saved tensor

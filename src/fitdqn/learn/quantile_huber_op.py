@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+from fitdqn.nets.iqn_op import FUSED_DTYPES  # the dtypes the Triton kernels take
 
 
 @torch.library.custom_op("fitdqn::quantile_huber", mutates_args=())

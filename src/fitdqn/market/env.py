@@ -40,9 +40,11 @@ for one contract x reward_scale); the agent sees it in the state (:data:`GOAL_CO
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -259,23 +261,14 @@ class FuturesEnv:
 
     # ------------------------------------------------------------------------------------------ builders
     @classmethod
-    def from_market(
-        cls,
-        market: Market,
-        split: str | Split = "train",
-        *,
-        num_envs: int = 1,
-        window: int = 8,
-        episode_length: int = 256,
-        max_contracts: int = 2,
-        reward_scale: float = 1e-3,
-        branches: Sequence[int] = (5, 5, 5),
-        seed: int = 0,
-        sequential: bool = False,
-        goal_range: tuple[float, float] | None = None,
-    ) -> FuturesEnv:
-        """An env over one split of a loaded Market (its tensors are shared, not copied)."""
+    def from_market(cls, market: Market, split: str | Split = "train", **options: Any) -> FuturesEnv:
+        """An env over one split of a loaded Market (its tensors are shared, not copied). ``options``: the
+        constructor's keyword arguments (``num_envs``, ``window``, ``episode_length``, ``seed``, ...), with the
+        constructor's defaults; the first bar, the stop bar and the goal unit come from the market."""
         s = market.split(split)
+        defaults = inspect.signature(cls.__init__).parameters
+        window = options.get("window", defaults["window"].default)
+        reward_scale = options.get("reward_scale", defaults["reward_scale"].default)
         return cls(
             market.prices,
             market.atr,
@@ -283,16 +276,8 @@ class FuturesEnv:
             market.contract,
             first_bar=market.first_bar(s, window),
             stop_bar=s.stop,
-            num_envs=num_envs,
-            window=window,
-            episode_length=episode_length,
-            max_contracts=max_contracts,
-            reward_scale=reward_scale,
-            branches=branches,
-            seed=seed,
-            sequential=sequential,
-            goal_range=goal_range,
             goal_unit=market_goal_unit(market, window, reward_scale),
+            **options,
         )
 
     @classmethod

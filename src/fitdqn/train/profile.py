@@ -268,12 +268,14 @@ def driver_memory(device: DeviceInfo) -> tuple[int, int] | None:
 
 
 def driver_side_bytes(before: tuple[int, int] | None, after: tuple[int, int] | None) -> int | None:
-    """What the driver took outside the allocator between two ``driver_memory`` readings: the drop in free
-    memory less the allocator's growth (kernel images loaded lazily, cuBLAS handles, graph executables)."""
+    """What the driver took outside the allocator between two ``driver_memory`` readings (kernel images loaded
+    lazily, cuBLAS handles, graph executables): ``calibrate.driver_overhead`` of them."""
+    from fitdqn.budget.calibrate import driver_overhead
+
     if before is None or after is None:
         return None
     (free_before, reserved_before), (free_after, reserved_after) = before, after
-    return max((free_before - free_after) - (reserved_after - reserved_before), 0)
+    return driver_overhead(free_before, free_after, reserved_before, reserved_after)
 
 
 def print_profile(rows: list[dict[str, Any]], chosen: int, title: str, console=None) -> None:
