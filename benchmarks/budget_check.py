@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from fitdqn.budget.build import PlanInputs, _traces, build_components, make_train_step, trace_config
+from fitdqn.budget.build import TRACE_BATCHES, PlanInputs, _step_fit, build_components, make_train_step, trace_config
 from fitdqn.budget.component import tensor_bytes
 from fitdqn.budget.trace import measure_step_memory
 from fitdqn.config import Config, config_to_dict, for_device, with_overrides
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     components, capacity = build_components(config, info, inputs)
     by_name = {c.name: c for c in components}
     traced_config, note = trace_config(config, info)
-    fit, _act = _traces(str(config_to_dict(traced_config)), traced_config, inputs.num_bars, capacity, "cuda")
+    fit = _step_fit(str(config_to_dict(traced_config)), traced_config, inputs.num_bars, capacity, "cuda", TRACE_BATCHES)
     features = tensor_bytes((inputs.num_bars, NUM_FEATURES), torch.float32)
     rows = []
     for batch in [int(b) for b in args.batches.split(",") if b.strip()]:

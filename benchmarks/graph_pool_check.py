@@ -24,7 +24,16 @@ import sys
 import torch
 
 from fitdqn.budget.allocator_model import ALLOC_CONF_VARIABLES, pool_usage
-from fitdqn.budget.build import PlanInputs, _traces, cuda_graphs_component, make_train_step, trace_config
+from fitdqn.budget.build import (
+    GRAPH_POOL_BATCHES,
+    TRACE_BATCHES,
+    PlanInputs,
+    _step_fit,
+    anchor_batches,
+    cuda_graphs_component,
+    make_train_step,
+    trace_config,
+)
 from fitdqn.budget.trace import trace_step_memory
 from fitdqn.config import Config, config_to_dict, for_device, with_overrides
 from fitdqn.device import probe
@@ -53,16 +62,22 @@ def child(args) -> None:
     capacity = config.collect.num_envs * args.steps
     traced_config, note = trace_config(config, info)
     key = str(config_to_dict(traced_config))
-    fit, _ = _traces(key, traced_config, inputs.num_bars, capacity, "cuda")
     component = cuda_graphs_component(config, info, traced_config, key, inputs.num_bars, capacity, note)
     rows = []
     for batch_size in [int(b) for b in args.batches.split(",") if b]:
+        # what the plan budgets at this batch: the default lines, or beyond GRAPH_POOL_BATCHES lines anchored here
+        anchored = batch_size > max(GRAPH_POOL_BATCHES)
+        step_batches = anchor_batches(batch_size) if anchored else TRACE_BATCHES
+        pool_batches = step_batches if anchored else GRAPH_POOL_BATCHES
+        fit = _step_fit(key, traced_config, inputs.num_bars, capacity, "cuda", step_batches, anchored)
+        pool_line = cuda_graphs_component(config, info, traced_config, key, inputs.num_bars, capacity, note,
+                                          pool_batches)
         trace = trace_step_memory(make_train_step(traced_config, inputs.num_bars, capacity), batch_size, "cuda",
                                   record_events=True)
         usage = pool_usage(trace, expandable)
         row = {"mode": args.child, "batch": batch_size, "step_bytes_traced": trace.step_bytes,
                "model_pool_bytes": usage.reserved_bytes, "model_footprint_bytes": usage.footprint_bytes,
-               "planned_pool_bytes": fit.step_bytes_at(batch_size) + component.bytes_at(batch_size)}
+               "planned_pool_bytes": fit.step_bytes_at(batch_size) + pool_line.bytes_at(batch_size)}
         try:
             row.update(real_pool(make_train_step(config, inputs.num_bars, capacity), batch_size, device))
             row["model_error"] = (row["model_pool_bytes"] - row["pool_bytes"]) / max(row["pool_bytes"], 1)

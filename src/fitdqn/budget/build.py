@@ -33,7 +33,6 @@ from fitdqn.budget.planner import Plan, make_plan
 from fitdqn.budget.trace import (
     StepFit,
     StepSetup,
-    StepTrace,
     fake_device_for,
     per_sample_bytes,
     trace_step_memory,
@@ -169,30 +168,30 @@ def network_fixed_bytes(config: Config) -> dict[str, int]:
     return fixed
 
 
-@lru_cache(maxsize=16)
-def _traces(config_key: str, config: Config, num_bars: int, capacity: int, target: str) -> tuple[StepFit, int]:
-    update = per_sample_bytes(make_train_step(config, num_bars, capacity), TRACE_BATCHES, target)
-    act = trace_step_memory(make_collect_step(config, num_bars), config.collect.num_envs, target)
-    return update, act.step_bytes
+@lru_cache(maxsize=32)
+def _step_fit(config_key: str, config: Config, num_bars: int, capacity: int, target: str,
+              batches: tuple[int, int], record_events: bool = False) -> StepFit:
+    """The training step traced at ``batches`` (``trace.per_sample_bytes``), with its allocation log when asked."""
+    return per_sample_bytes(make_train_step(config, num_bars, capacity), batches, target,
+                            record_events=record_events)
 
 
 @lru_cache(maxsize=16)
-def _graph_pool_traces(config_key: str, config: Config, num_bars: int, capacity: int,
-                       target: str) -> tuple[StepTrace, StepTrace]:
-    make_step = make_train_step(config, num_bars, capacity)
-    small, large = (trace_step_memory(make_step, b, target, record_events=True) for b in GRAPH_POOL_BATCHES)
-    return small, large
+def _act_peak(config_key: str, config: Config, num_bars: int, target: str) -> int:
+    return trace_step_memory(make_collect_step(config, num_bars), config.collect.num_envs, target).step_bytes
 
 
 def cuda_graphs_component(config: Config, device: DeviceInfo, traced_config: Config, config_key: str,
-                          num_bars: int, capacity: int, note: str = "") -> Component:
-    """The update graph's private pool beyond the step's live peak (module docstring), or 0 bytes and why."""
+                          num_bars: int, capacity: int, note: str = "",
+                          batches: tuple[int, int] = GRAPH_POOL_BATCHES) -> Component:
+    """The update graph's private pool beyond the step's live peak (module docstring), fitted at ``batches``,
+    or 0 bytes and why."""
     if device.kind != "cuda":
         return Component("cuda_graphs", 0, 0, f"{device.kind} device: no CUDA graphs")
     if not config.train.cuda_graphs:
         return Component("cuda_graphs", 0, 0, "train.cuda_graphs is off: the update runs eagerly, no graph pool")
     expandable = expandable_segments_enabled()
-    small, large = _graph_pool_traces(config_key, traced_config, num_bars, capacity, "cuda")
+    small, large = _step_fit(config_key, traced_config, num_bars, capacity, "cuda", batches, True).traces
     fit = graph_pool_fit(small, large, expandable)
     mode = "expandable segments" if expandable else "default allocator, no expandable segments"
     text = (f"allocator model over the traced step's {fit.usages[1].allocations} allocations ({mode}): "
@@ -202,8 +201,18 @@ def cuda_graphs_component(config: Config, device: DeviceInfo, traced_config: Con
     return Component("cuda_graphs", fit.fixed_bytes, fit.per_sample_bytes, text + (f" ({note})" if note else ""))
 
 
-def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs) -> tuple[list[Component], int]:
-    """Every consumer, in any order (the planner orders them), and the planned replay capacity."""
+def anchor_batches(anchor: int) -> tuple[int, int]:
+    """The two batches a plan anchored at ``anchor`` traces: its half and itself (the lines are exact there)."""
+    return max(anchor // 2, 1), max(anchor, 2)
+
+
+def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anchor: int | None = None
+                     ) -> tuple[list[Component], int]:
+    """Every consumer, in any order (the planner orders them), and the planned replay capacity.
+
+    The step's components are lines through traces at ``TRACE_BATCHES`` (the graph pool's at
+    ``GRAPH_POOL_BATCHES``), or, with ``anchor``, all through traces at ``anchor_batches(anchor)``: exact at
+    the anchor, for checking or choosing a batch there (``plan_for_device``)."""
     spec = transition_spec()
     num_envs = config.collect.num_envs
     overhead = device_overhead_components(config, device)  # CUDA's own bytes: not free for the replay's share
@@ -218,8 +227,13 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs) -> 
     traced_config, note = trace_config(config, device)
     target = "cuda" if device.kind == "cuda" else "cpu"
     key = str(config_to_dict(traced_config))
-    update, act_peak = _traces(key, traced_config, inputs.num_bars, capacity, target)
-    how = f"traced update at batch {TRACE_BATCHES[0]} and {TRACE_BATCHES[1]}" + (f" ({note})" if note else "")
+    step_batches = TRACE_BATCHES if anchor is None else anchor_batches(anchor)
+    pool_batches = GRAPH_POOL_BATCHES if anchor is None else step_batches
+    graphs = device.kind == "cuda" and config.train.cuda_graphs
+    update = _step_fit(key, traced_config, inputs.num_bars, capacity, target, step_batches,
+                       graphs and step_batches == pool_batches)  # one pair of traces serves both
+    act_peak = _act_peak(key, traced_config, inputs.num_bars, target)
+    how = f"traced update at batch {step_batches[0]} and {step_batches[1]}" + (f" ({note})" if note else "")
 
     network_fixed = network_fixed_bytes(config)
     components = [replay, her]
@@ -246,7 +260,8 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs) -> 
         max(other_per_sample - sampling, 0),
         f"sampled batch, observations, losses, optimizer temporaries: {how}, less replay/her scratch",
     ))
-    components.append(cuda_graphs_component(config, device, traced_config, key, inputs.num_bars, capacity, note))
+    components.append(cuda_graphs_component(config, device, traced_config, key, inputs.num_bars, capacity, note,
+                                            pool_batches))
     return components, capacity
 
 
@@ -274,11 +289,53 @@ def device_overhead_components(config: Config, device: DeviceInfo) -> list[Compo
 
 
 def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None) -> Plan:
+    """The plan: components from the real objects, the batch chosen last (``budget.planner.make_plan``).
+
+    The step's lines are fitted at a few thousand samples, where they are safe but loose far beyond: the
+    step's live peak grows more slowly than its slope there (the staging buffers of reductions over the batch
+    stop growing once they fill the GPU's SMs) and the graph pool's slack is not linear in the batch. So a
+    batch beyond ``GRAPH_POOL_BATCHES`` is planned with lines anchored at that batch: a profile or user batch
+    is checked against traces at itself; an auto batch is searched (``refine_auto_batch``)."""
     config = for_device(config, device.kind)
     profiles = load_profiles(config.budget.profiles_dir or None)
     profile = match_profile(device.name, profiles)
     inputs = inputs or PlanInputs.from_config(config)
-    components, capacity = build_components(config, device, inputs)
-    return make_plan(device, profile, config.budget, components, capacity)
+    budget = config.budget
+    wanted = budget.batch_size if budget.batch_size > 0 else profile.batch_size if budget.batch_size == -1 else 0
+    anchor = wanted if wanted > max(GRAPH_POOL_BATCHES) and device.free_bytes is not None else None
+    components, capacity = build_components(config, device, inputs, anchor)
+    plan = make_plan(device, profile, budget, components, capacity)
+    if plan.batch_source == "auto" and plan.batch_size > max(GRAPH_POOL_BATCHES) and device.free_bytes is not None:
+        plan = refine_auto_batch(config, device, inputs, profile, plan)
+    return plan
 
 
+AUTO_REFINE_ROUNDS = 5
+AUTO_REFINE_CONVERGED = 0.01  # stop when the next anchor would move the batch by less than this fraction
+
+
+def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, profile, plan: Plan) -> Plan:
+    """The largest auto batch whose traced need fits, by re-anchoring the step's lines at the candidate.
+
+    Round k plans with lines through traces at ``anchor_batches(B_k)``, exact at ``B_k``: the plan's batch
+    ``P_k`` is at least ``B_k`` exactly when the traced step at ``B_k`` (with its modelled graph pool) fits.
+    The next anchor is ``P_k``; the answer is the largest anchor that fitted, stopping when the next one would
+    move it by less than ``AUTO_REFINE_CONVERGED``. Never larger than an anchor that was checked: what lies
+    beyond it is only extrapolated. If no anchor fits (not expected: the first is the lines' own answer), the
+    first plan stands."""
+    anchor, fitted = plan.batch_size, None
+    for _ in range(AUTO_REFINE_ROUNDS):
+        components, capacity = build_components(config, device, inputs, anchor)
+        candidate = make_plan(device, profile, config.budget, components, capacity)
+        if candidate.max_fitting_batch is not None and candidate.max_fitting_batch >= anchor:
+            if fitted is None or anchor > fitted[0]:
+                fitted = (anchor, candidate)
+            if candidate.batch_size <= anchor * (1 + AUTO_REFINE_CONVERGED):
+                break
+        anchor = candidate.batch_size
+    if fitted is None:
+        return dataclasses.replace(plan, notes=(*plan.notes, "auto batch not refined: no traced batch fitted"))
+    batch, candidate = fitted
+    note = (f"auto batch {batch}: the step traced at {anchor_batches(batch)[0]} and {batch} samples fits "
+            f"(the lines fitted at {TRACE_BATCHES[1]} samples gave {plan.batch_size})")
+    return dataclasses.replace(candidate, batch_size=batch, notes=(*candidate.notes, note))

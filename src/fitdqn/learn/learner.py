@@ -76,7 +76,7 @@ class Learner:
         self.autocast_dtype = autocast_dtype(self.learn_config.precision, self.device)
         cuda = self.device.type == "cuda"
         self.optimizer = torch.optim.Adam(
-            self.params, lr=self.learn_config.lr, eps=self.learn_config.adam_eps, capturable=cuda, foreach=True
+            self.params, lr=self.learn_config.lr, eps=self.learn_config.adam_eps, capturable=cuda, fused=True
         )
         self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # updates done
         self._init_grads_and_optimizer()

@@ -10,7 +10,8 @@ C columns it loads the N predictions, the N' targets and the N levels, forms the
     loss_b = mean_c sum_i mean_j rho_ij             (the reduction of ``quantile_huber_loss``)
     d loss_b / d p_i = -mean_j |tau_i - 1{u_ij < 0}| * clamp(u_ij, -kappa, kappa) / (kappa * C)
 
-in fp32 (sums of 64 terms: far inside fp32's precision). Grid ``[B]``, ``WARPS`` warps per program.
+in fp32 (sums of 64 terms: far inside fp32's precision). Grid ``[B]``, ``WARPS`` warps per program (timed on an
+H200 at B = 8192, N = N' = 64, 3 columns: 1 warp 0.739 ms, 2 warps 0.278, 4 warps 0.323, 8 warps 0.351).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-WARPS = 4
+WARPS = 2
 
 
 def fused_quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float

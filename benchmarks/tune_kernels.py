@@ -1,0 +1,101 @@
+"""Launch shapes of fitdqn's Triton kernels, timed on the present GPU (the figures quoted beside the constants).
+
+Times the fused IQN head's backward and forward kernels (``fitdqn.nets.iqn_triton``) and the quantile Huber
+kernel (``fitdqn.learn.quantile_huber_triton``) alone, at the update's shapes (N = N' = 64, E = 64, d = 256,
+15 outputs, 3 branches, bf16), for a list of launch shapes each: slice width, warps, pipeline stages and, for
+the backward, the number of batch programs P (``iqn_op.WEIGHT_GRAD_PROGRAMS``). Each backward shape is checked
+against the first (the partial sums are reduced over P; only the summation order may differ).
+
+    PYTHONPATH=src python benchmarks/tune_kernels.py --batch 8192 --out tune_kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+BACKWARD_SHAPES = [  # (P, BLOCK_D, warps, stages)
+    (128, 32, 4, 3), (33, 32, 4, 3), (132, 32, 4, 3), (528, 32, 4, 3), (132, 32, 4, 1), (132, 32, 8, 3),
+    (132, 64, 4, 2), (132, 64, 4, 1), (132, 64, 4, 3), (33, 64, 4, 2), (264, 64, 4, 2), (528, 64, 4, 2),
+    (132, 64, 8, 2), (132, 128, 4, 2), (132, 128, 8, 2),
+]
+FORWARD_SHAPES = [(64, 4, 2), (64, 4, 3), (128, 4, 2), (64, 8, 2), (32, 4, 2)]  # (BLOCK_D, warps, stages)
+HUBER_WARPS = [1, 2, 4, 8]
+
+
+def milliseconds(fn, reps: int) -> float:
+    fn()
+    torch.cuda.synchronize()  # host sync: timing
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=8192)
+    parser.add_argument("--reps", type=int, default=20, help="timed launches per shape")
+    parser.add_argument("--out", default="tune_kernels.json")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("tune_kernels needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from fitdqn.learn import quantile_huber_triton as huber
+    from fitdqn.nets import iqn_op, iqn_triton
+
+    device, (batch, n, e, d, o) = "cuda", (args.batch, 64, 64, 256, 15)
+    generator = torch.Generator(device=device).manual_seed(0)
+    randn = lambda *shape: torch.randn(*shape, device=device, generator=generator)  # noqa: E731
+    features, taus = randn(batch, d).bfloat16(), torch.rand(batch, n, device=device, generator=generator)
+    frequencies = torch.arange(e, device=device, dtype=torch.float32) * torch.pi
+    w1, b1, w2, b2, grad = randn(d, e) * 0.1, randn(d) * 0.1, randn(o, d) * 0.1, randn(o) * 0.1, randn(batch, n, o)
+    saved = (iqn_op.WEIGHT_GRAD_PROGRAMS, iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS,
+             iqn_triton.BACKWARD_STAGES, iqn_triton.FORWARD_BLOCK_D, iqn_triton.FORWARD_WARPS,
+             iqn_triton.FORWARD_STAGES, huber.WARPS)
+    rows, first = [], None
+    try:
+        for programs, block_d, warps, stages in BACKWARD_SHAPES:
+            iqn_op.WEIGHT_GRAD_PROGRAMS = programs
+            iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS, iqn_triton.BACKWARD_STAGES = block_d, warps, stages
+            backward = lambda: iqn_triton.fused_quantile_grads(grad, features, taus, frequencies, w1, b1, w2,  # noqa
+                                                               torch.bfloat16)
+            out = backward()
+            sums = [out[0], *(part.sum(0) for part in out[1:])]
+            first = first or sums
+            error = max(((a - b).norm() / b.norm().clamp_min(1e-12)).item() for a, b in zip(sums, first, strict=True))
+            rows.append({"kernel": "iqn_backward", "programs": programs, "block_d": block_d, "warps": warps,
+                         "stages": stages, "ms": milliseconds(backward, args.reps), "error_vs_first": error})
+            print(json.dumps(rows[-1]), flush=True)
+        for block_d, warps, stages in FORWARD_SHAPES:
+            iqn_triton.FORWARD_BLOCK_D, iqn_triton.FORWARD_WARPS, iqn_triton.FORWARD_STAGES = block_d, warps, stages
+            forward = lambda: iqn_triton.fused_quantiles(features, taus, frequencies, w1, b1, w2, b2,  # noqa: E731
+                                                         torch.bfloat16)
+            rows.append({"kernel": "iqn_forward", "block_d": block_d, "warps": warps, "stages": stages,
+                         "ms": milliseconds(forward, args.reps)})
+            print(json.dumps(rows[-1]), flush=True)
+        pred, target = randn(batch, n, 3).bfloat16(), randn(batch, n, 3).bfloat16()
+        for warps in HUBER_WARPS:
+            huber.WARPS = warps
+            loss = lambda: huber.fused_quantile_huber(pred, target, taus, 1.0)  # noqa: E731
+            rows.append({"kernel": "quantile_huber", "warps": warps, "ms": milliseconds(loss, args.reps)})
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        (iqn_op.WEIGHT_GRAD_PROGRAMS, iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS,
+         iqn_triton.BACKWARD_STAGES, iqn_triton.FORWARD_BLOCK_D, iqn_triton.FORWARD_WARPS,
+         iqn_triton.FORWARD_STAGES, huber.WARPS) = saved
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": batch, "rows": rows}
+    with open(args.out, "w") as file:
+        json.dump(result, file, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
