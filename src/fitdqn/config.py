@@ -51,8 +51,9 @@ class NetConfig:
         16, "quantiles per chunk in the chunked IQN head (smaller: less activation memory, more kernels)"
     )
     iqn_kernel: str = knob(
-        "auto", "IQN head and quantile Huber loss: 'auto' (fused Triton kernels when the target device is CUDA "
-        "and Triton is installed, else 'chunked'), 'triton' (fused operators; plain maths on the CPU), 'chunked'"
+        "auto", "IQN head, quantile Huber loss and attention core: 'auto' (fused Triton kernels when the target "
+        "device is CUDA and Triton is installed, else 'chunked'), 'triton' (fused operators; plain maths on the "
+        "CPU), 'chunked' (chunked IQN head, closed-form loss, elementwise attention)"
     )
     iql_hidden: int = knob(128, "IQL value net width (state -> h -> h -> 1)")
 

@@ -431,7 +431,8 @@ def graph_pool_fit(small: StepTrace, large: StepTrace, expandable: bool = True) 
     which grows smoothly with the batch, and the rounding of each pool's mapped end up to whole pages is
     added as one 20 MiB and one 2 MiB page (an upper bound: less than a page each). The default allocator's
     reserved bytes are fitted as they are: they jump with the segment sizes, so that line is rougher.
-    Negative parts are clamped to 0 (the line then stays above both points).
+    A line falling with the batch is replaced by the larger of the two values, flat; one with a negative intercept
+    by the line through 0 and the larger batch's point (exact there). Both stay above both points.
     """
     from fitdqn.budget.trace import fit_line
 
@@ -443,5 +444,7 @@ def graph_pool_fit(small: StepTrace, large: StepTrace, expandable: bool = True) 
     fixed, per_sample = fit_line((batches[0], extra[0]), (batches[1], extra[1]))
     if per_sample < 0:  # keep the line above both points
         fixed, per_sample = max(extra), 0
-    fixed = max(fixed, 0) + (LARGE_BUFFER + SMALL_BUFFER if expandable else 0)
+    elif fixed < 0:  # the slack grows faster than in proportion: the line through 0 and the larger point is
+        fixed, per_sample = 0, -(-max(extra[1], 0) // batches[1])  # above the smaller one and exact at the larger
+    fixed += LARGE_BUFFER + SMALL_BUFFER if expandable else 0
     return GraphPoolFit(fixed, per_sample, expandable, batches, usages, extra)  # type: ignore[arg-type]

@@ -63,11 +63,12 @@ class Learner:
         self.net_config, self.learn_config = config.net, config.learn
         self.device = torch.device(device)
         self.state_dim = state_dim
-        # the IQN head and the quantile Huber loss as fused operators (Triton on CUDA), or chunked / closed form
-        self.fused_iqn = resolve_iqn_kernel(config.net.iqn_kernel, self.device.type) == "triton"
+        # the IQN head, the attention core and the quantile Huber loss as fused operators (Triton on CUDA), or
+        # the chunked head, the elementwise attention and the closed form
+        self.fused = resolve_iqn_kernel(config.net.iqn_kernel, self.device.type) == "triton"
         with self.device:  # built in place on the device (no .to(): also works under FakeTensorMode)
-            self.online = QNetwork(config.net, state_dim, self.fused_iqn)
-            self.target = QNetwork(config.net, state_dim, self.fused_iqn).requires_grad_(False)
+            self.online = QNetwork(config.net, state_dim, self.fused)
+            self.target = QNetwork(config.net, state_dim, self.fused).requires_grad_(False)
             self.target.load_state_dict(self.online.state_dict())  # a copy (deepcopy breaks fake tensors)
             self.value = ValueNet(state_dim, config.net.iql_hidden)
         self.params = [*self.online.parameters(), *self.value.parameters()]
@@ -98,7 +99,7 @@ class Learner:
             c51 = cross_entropy.mean(-1)  # [B]
             taus = torch.rand(obs.shape[0], self.net_config.iqn_quantiles, device=self.device)  # [B, N]
             quantiles = _take_quantiles(self.online.quantiles(features, taus), action)  # [B, N, br]
-            iqn = quantile_huber_loss(quantiles, iqn_target, taus, cfg.kappa, fused=self.fused_iqn)  # [B]
+            iqn = quantile_huber_loss(quantiles, iqn_target, taus, cfg.kappa, fused=self.fused)  # [B]
             v = self.value(obs[:, -1])  # [B]
             iql = expectile_loss(v_target - v, cfg.iql_expectile)  # [B]
             c51_loss = (weight * c51).mean()

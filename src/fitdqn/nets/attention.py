@@ -14,6 +14,23 @@ Memory per sample saved for backward (elements; bf16 under autocast = 2 bytes ea
 A full-sequence block (queries, outputs, residuals for all W tokens) would keep about W times the
 ``[d_model]`` terms as well; nothing reads the other W - 1 outputs, so they are not computed.
 
+The fused path (``fused=True``, :mod:`fitdqn.nets.attention_op`): everything between the projections is one
+operator, ``fitdqn::last_token_attention(q [B, d], kv [B, W, 2 d], heads)``, Triton kernels on CUDA
+(:mod:`fitdqn.nets.attention_triton`). The elementwise form (:meth:`LastTokenAttention.reference`) spends its
+time in strided, non-vectorised multiplies, reductions with staging buffers and, in backward,
+``select_backward`` + ``CopySlices`` zero-filling ``[B, W, 2 d]``. Measured on an H200 at B = 8192 (bf16): the
+operator's forward takes 37 us a call, 3 calls an update; the graphed update went from 8.05 to 6.09 ms with this
+operator, the IQN backward's wider slices (-0.78 ms) and the Huber kernel at 2 warps (-0.05 ms): about 1.1 ms is
+this operator's. Per sample (bf16 under autocast, W = 8, d = 256, 4 heads) the fused path keeps for backward
+only the core's inputs, q ``[d]`` and kv ``[W, 2 d]`` (8.5 KB: the K/V projection output is kept by both paths),
+not the fp32 softmax and its bf16 copy ``[W, heads]`` (192 B): the backward recomputes the W x heads scores and
+weights from q and kv, 32 numbers a sample. It also makes no transients: the forward allocates only its ``[d]``
+output (the elementwise form about 9.5 KB: two ``[W, d]`` products, the score tensors, an fp32 ``[d]`` sum), the
+backward only grad q ``[d]`` and grad kv ``[W, 2 d]`` (8.5 KB, every element written; the elementwise form about
+50 KB: six ``[W, d]`` products and casts, two zero-filled ``[W, 2 d]`` select gradients and their ``[W, 2 d]``
+sum). Its fake kernels allocate exactly those outputs, so the planner's trace sees what the GPU allocates. On
+the CPU the operator runs the elementwise maths (forward) and the closed-form gradient (backward).
+
 Why not ``scaled_dot_product_attention``: with one query per sample the attention weights are
 ``[heads, W]`` = 32 numbers, so materialising them costs nothing, and SDPA's fused kernels are built for
 blocks of many queries; with one query per sample they were slower here. Measured on an H200 (bf16,
@@ -29,17 +46,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fitdqn.nets.attention_op import last_token_attention
 from fitdqn.nets.groups import tag
 
 
 class LastTokenAttention(nn.Module):
-    """``tokens [B, W, d_model] -> [B, d_model]``: LayerNorm(last + out(attention(last -> all tokens)))."""
+    """``tokens [B, W, d_model] -> [B, d_model]``: LayerNorm(last + out(attention(last -> all tokens))).
 
-    def __init__(self, d_model: int, heads: int) -> None:
+    ``fused``: the core between the projections is the operator ``fitdqn::last_token_attention`` (Triton on
+    CUDA, the same elementwise maths elsewhere), else :meth:`reference`'s elementwise ops.
+    """
+
+    def __init__(self, d_model: int, heads: int, fused: bool = False) -> None:
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by {heads} heads")
         self.heads = heads
+        self.fused = fused
         self.query = nn.Linear(d_model, d_model)
         self.key_value = nn.Linear(d_model, 2 * d_model)
         self.out = nn.Linear(d_model, d_model)
@@ -47,6 +70,16 @@ class LastTokenAttention(nn.Module):
         tag(self, "attention")
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return self.reference(tokens)
+        last = tokens[:, -1]  # [B, d]
+        q = self.query(last)  # [B, d]
+        kv = self.key_value(tokens)  # [B, W, 2d]
+        attended = last_token_attention(q, kv, self.heads)  # [B, d]: the operator (module docstring)
+        return self.norm(last + self.out(attended))  # [B, d]
+
+    def reference(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The elementwise maths in plain autograd: the unfused path and the fused path's test oracle."""
         batch, window, d_model = tokens.shape
         heads, head_dim = self.heads, d_model // self.heads
         last = tokens[:, -1]  # [B, d]

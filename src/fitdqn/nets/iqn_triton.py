@@ -2,7 +2,7 @@
 
 Rows are (sample, quantile) pairs; a tile is ``TILE_ROWS`` = 64 of them: S = 64 / BN whole samples x BN
 quantiles (BN = N rounded up to a power of two, at most 64; a larger N takes several quantile blocks per
-sample). The model width d is walked in slices of D = 64 columns, E (64) and O (15) are
+sample). The model width d is walked in slices of D columns (64 forward, 128 backward), E (64) and O (15) are
 padded to powers of two of at least 16 (``tl.dot``'s smallest). Numerics follow the chunked path: cosines in fp32 from
 the taus, then every ``tl.dot`` takes ``dtype`` inputs (bf16 under autocast) and accumulates in fp32;
 phi = relu(pre) and h = phi * psi are rounded to ``dtype`` as the chunked path's tensors are. The chunked path
@@ -12,13 +12,13 @@ Forward (``_forward_kernel``), grid ``[tiles, quantile blocks]``, one tile per p
 cos ``[64, E]`` in registers; per d slice: ``pre = cos @ embed_w.T + embed_b``, ``phi = relu(pre)``,
 ``h = phi * psi[b]``, ``out += h @ out_w.T`` (``[64, 16]`` fp32); then ``out + out_b`` is stored ``[B, N, O]``.
 
-Backward (``_backward_kernel``), grid ``[P, d / 64]``: program (p, c) owns d slice c
+Backward (``_backward_kernel``), grid ``[P, d / 128]``: program (p, c) owns d slice c
 and whole samples (tiles p, p + P, ...), so it writes grad features ``[B, d]`` itself, no atomics. It keeps
 its slice of embed_w, embed_b and out_w in registers and, per tile, recomputes cos and phi, loads g (the
 gradient ``[64, O]``), and: ``dh = g @ out_w[:, c]``; ``grad_features[b, c] = sum_n dh * phi``;
 ``d_pre = dh * psi * (phi > 0)``; accumulates ``d_pre.T @ cos`` (embed_w), ``g.T @ h`` (out_w) and ``sum g``
 (out_b) in fp32 registers and stores them once into its row of the ``[P, ...]`` partial sums (the op's
-autograd backward sums them over P). The cosines are recomputed once per d slice (4 times at d = 256).
+autograd backward sums them over P). The cosines are recomputed once per d slice (twice at d = 256).
 psi is loaded once per sample and d slice and repeated over the sample's rows in registers.
 """
 
@@ -32,15 +32,15 @@ import triton.language as tl
 
 from fitdqn.nets.iqn_op import tile_geometry
 
-# Launch shapes, timed on an H200 (Triton 3.6, bf16, B = 8192, N = 64, d = 256; benchmarks/tune_kernels.py):
-# forward 0.168 ms at 64-column slices, 4 warps, 2 stages (3 stages 0.189, 128 columns 0.195, 8 warps 0.324).
-# Backward 1.52 ms at 64 columns, 4 warps, 2 stages, against 2.31 ms at 32 columns (3 stages; 1 or 2 stages
-# within 1 %), 2.09 ms at 64 columns and 8 warps, 10-17 ms at 16 columns; the number of batch programs P
-# (33 to 528) moved it by less than 3 %. The sm_90 compile of Triton 3.9 (ptxas -v) puts the 64-column
-# backward above 255 registers (it spills) and the 32-column one at 246: halving the cosine recomputation
-# and the launches outweighs the spills. A 64-row tile is one warpgroup's wgmma: 8 warps hold it twice.
+# Launch shapes, timed on an H200 (Triton 3.6, bf16, B = 8192, N = 64, d = 256; benchmarks/tune_kernels.py,
+# BENCHMARKS.md): forward 0.165 ms at 64-column slices, 4 warps, 2 stages (3 stages 0.183, 128 columns 0.194,
+# 8 warps 0.323). Backward 1.32 ms at 128-column slices, 4 warps, 2 stages; 64 columns 1.40-1.63 ms (1-3
+# stages), 32 columns 2.27-2.32 ms, 8 warps 1.75-3.69 ms; the number of batch programs P moved it by less than
+# 3 % from 128 up (33 programs: 2.9 ms). The wide slices spill registers (ptxas -v of Triton 3.9 for sm_90: the
+# 32-column backward takes 246 registers, wider ones more than 255), but recompute the cosines and reload the
+# tile's rows fewer times (twice at d = 256). A 64-row tile is one warpgroup's wgmma: 8 warps hold it twice.
 FORWARD_BLOCK_D, FORWARD_WARPS, FORWARD_STAGES = 64, 4, 2
-BACKWARD_BLOCK_D, BACKWARD_WARPS, BACKWARD_STAGES = 64, 4, 2
+BACKWARD_BLOCK_D, BACKWARD_WARPS, BACKWARD_STAGES = 128, 4, 2
 PRECISION = "ieee"  # fp32 compute (no autocast): exact fp32 products, like torch's default matmul
 _TRITON_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 

@@ -19,19 +19,20 @@ from fitdqn.nets.trunk import TokenMLP
 class QNetwork(nn.Module):
     """Features, C51 logits/Q values and IQN quantiles for ``obs [B, W, S]``.
 
-    ``fused_iqn``: the IQN head runs the fused operator (``net.iqn_kernel`` resolved for the device the network
-    runs on, ``fitdqn.nets.iqn.resolve_iqn_kernel``), else the chunked one.
+    ``fused``: the IQN head and the attention core run their fused operators (Triton on CUDA; ``net.iqn_kernel``
+    resolved for the device the network runs on, ``fitdqn.nets.iqn.resolve_iqn_kernel``), else the chunked IQN
+    head and the elementwise attention.
     """
 
-    def __init__(self, net: NetConfig, state_dim: int, fused_iqn: bool = False) -> None:
+    def __init__(self, net: NetConfig, state_dim: int, fused: bool = False) -> None:
         super().__init__()
         self.branches = tuple(net.branches)
         self.max_n = max(self.branches)
         self.uniform = all(n == self.max_n for n in self.branches)
         self.tokens = TokenMLP(state_dim, net.trunk_hidden, net.d_model)
-        self.attention = LastTokenAttention(net.d_model, net.attention_heads)
+        self.attention = LastTokenAttention(net.d_model, net.attention_heads, fused)
         self.c51 = BranchingDuelingC51(net.d_model, net.stream_hidden, self.branches, net.num_atoms)
-        self.iqn = IQNHead(net.d_model, net.iqn_embedding, sum(self.branches), net.iqn_chunk, fused_iqn)
+        self.iqn = IQNHead(net.d_model, net.iqn_embedding, sum(self.branches), net.iqn_chunk, fused)
         support = torch.linspace(net.v_min, net.v_max, net.num_atoms)
         self.register_buffer("support", support, persistent=False)  # [atoms]
         valid = torch.zeros(len(self.branches), self.max_n, dtype=torch.bool)

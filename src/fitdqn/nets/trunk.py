@@ -2,7 +2,10 @@
 
 Applied to every one of the W tokens of ``obs [B, W, S]`` (the attention block needs all W tokens for its
 keys and values). ReLUs run in place on the linear outputs: a linear layer saves its input, not its output,
-so only the ReLU outputs are kept for backward: ``W * (trunk_hidden + d_model)`` elements per sample.
+so only the ReLU outputs are kept for backward: ``W * (trunk_hidden + d_model)`` elements per sample. The
+tokens are flattened to rows first: a linear layer on a 3-D input returns a *view* of its 2-D product, and an
+in-place ReLU on a view costs a ``CopySlices`` in backward (a clone and a copy of the whole output: 0.22 ms of
+the update at batch 8192 on an H200).
 """
 
 from __future__ import annotations
@@ -24,5 +27,7 @@ class TokenMLP(nn.Module):
         tag(self, "dqn")
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        hidden = F.relu(self.fc1(obs), inplace=True)  # [B, W, trunk_hidden]
-        return F.relu(self.fc2(hidden), inplace=True)  # [B, W, d_model]
+        rows = obs.reshape(-1, obs.shape[-1])  # [B * W, S]: 2-D, so each linear output is its own tensor
+        hidden = F.relu(self.fc1(rows), inplace=True)  # [B * W, trunk_hidden]
+        out = F.relu(self.fc2(hidden), inplace=True)  # [B * W, d_model]
+        return out.view(*obs.shape[:-1], out.shape[-1])  # [B, W, d_model]
