@@ -4,10 +4,11 @@ For each batch, in a fresh subprocess (so the cuBLAS workspaces, caches and load
 in the next one's baseline): build the captured training step for real on the GPU (replay at the planned
 capacity, the learner, the device-resident features) and run it; compare ``torch.cuda.max_memory_allocated``
 over the whole thing with what the plan's components predict for those same objects: replay + networks + batch +
-cuda_overhead fixed bytes + the features tensor + per-sample bytes x B. Also the step alone: the traced line
-(fixed_step + per_sample x B) against ``measure_step_memory`` (peak minus allocated before the step).
+cuda_overhead fixed bytes + the features tensor + per-sample bytes x B. Also the step alone: the step's components
+(less the networks' own bytes, plus the replay's sampling scratch) against ``measure_step_memory`` (peak minus
+allocated before the step). Beyond ``GRAPH_POOL_BATCHES`` the components are anchored at the batch, as the plan's.
 
-The plan is made once, in this process; each batch's measurement runs in a child process. A child that fails
+The plan is made in this process; each batch's measurement runs in a child process. A child that fails
 (an exception, a crash, a timeout) gives a row with an ``error`` and the check goes on. Prints one table,
 writes JSON.
 
@@ -28,14 +29,26 @@ from pathlib import Path
 
 import torch
 
-from fitdqn.budget.build import TRACE_BATCHES, PlanInputs, _step_fit, build_components, make_train_step, trace_config
+from fitdqn.budget.build import (
+    GRAPH_POOL_BATCHES,
+    PlanInputs,
+    build_components,
+    make_train_step,
+    network_fixed_bytes,
+    trace_config,
+)
 from fitdqn.budget.component import tensor_bytes
 from fitdqn.budget.trace import measure_step_memory
-from fitdqn.config import Config, config_to_dict, for_device, with_overrides
+from fitdqn.config import Config, for_device, with_overrides
 from fitdqn.device import probe
 from fitdqn.market.features import NUM_FEATURES
 
 ALLOCATED_BY_STEP = ("replay", "her", "dqn", "attention", "iqn", "iql", "batch", "cuda_overhead")
+STEP_COMPONENTS = ("dqn", "attention", "iqn", "iql", "batch")  # their per-sample parts: the step's bytes
+
+
+def features_bytes(inputs: PlanInputs) -> int:
+    return tensor_bytes((inputs.num_bars, NUM_FEATURES), torch.float32)
 MIB = 2**20
 
 
@@ -151,16 +164,19 @@ def main(argv: list[str] | None = None) -> int:
     config = check_config(args)
     info = probe("cuda")
     inputs = PlanInputs.from_config(config)
-    components, capacity = build_components(config, info, inputs)
-    by_name = {c.name: c for c in components}
     traced_config, note = trace_config(config, info)
-    fit = _step_fit(str(config_to_dict(traced_config)), traced_config, inputs.num_bars, capacity, "cuda", TRACE_BATCHES)
-    features = tensor_bytes((inputs.num_bars, NUM_FEATURES), torch.float32)
-    rows = []
+    rows, components, capacity = [], [], 0
     for batch in [int(b) for b in args.batches.split(",") if b.strip()]:
         started = time.perf_counter()
-        predicted_total = features + sum(by_name[n].bytes_at(batch) for n in ALLOCATED_BY_STEP)
-        rows.append(make_row(batch, predicted_total, fit.step_bytes_at(batch), run_child(batch, args, capacity)))
+        # what the plan budgets at this batch: the default lines, or beyond them components anchored at it
+        anchor = batch if batch > max(GRAPH_POOL_BATCHES) else None
+        components, capacity = build_components(config, info, inputs, anchor)
+        by_name = {c.name: c for c in components}
+        predicted_total = features_bytes(inputs) + sum(by_name[n].bytes_at(batch) for n in ALLOCATED_BY_STEP)
+        predicted_step = sum(by_name[n].bytes_at(batch) for n in STEP_COMPONENTS) - sum(
+            network_fixed_bytes(config).values()) + (by_name["replay"].per_sample_bytes
+                                                     + by_name["her"].per_sample_bytes) * batch
+        rows.append(make_row(batch, predicted_total, predicted_step, run_child(batch, args, capacity)))
         print(f"batch {batch}: {'error' if rows[-1].get('error') else 'measured'} in a fresh process "
               f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     print(f"{info.name}, torch {torch.__version__}, replay capacity {capacity}, trace: {note or 'fake CUDA'}, "

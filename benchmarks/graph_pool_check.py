@@ -28,13 +28,11 @@ from fitdqn.budget.build import (
     GRAPH_POOL_BATCHES,
     TRACE_BATCHES,
     PlanInputs,
-    _step_fit,
-    anchor_batches,
     cuda_graphs_component,
     make_train_step,
     trace_config,
 )
-from fitdqn.budget.trace import trace_step_memory
+from fitdqn.budget.trace import per_sample_bytes, trace_step_memory
 from fitdqn.config import Config, config_to_dict, for_device, with_overrides
 from fitdqn.device import probe
 from fitdqn.device.graphs import capture_graph, captured_pool_bytes
@@ -63,21 +61,21 @@ def child(args) -> None:
     traced_config, note = trace_config(config, info)
     key = str(config_to_dict(traced_config))
     component = cuda_graphs_component(config, info, traced_config, key, inputs.num_bars, capacity, note)
+    step_line = per_sample_bytes(make_train_step(traced_config, inputs.num_bars, capacity), TRACE_BATCHES, "cuda")
     rows = []
     for batch_size in [int(b) for b in args.batches.split(",") if b]:
-        # what the plan budgets at this batch: the default lines, or beyond GRAPH_POOL_BATCHES lines anchored here
+        # what the plan budgets at this batch: the step line and the default pool line, or beyond
+        # GRAPH_POOL_BATCHES the step traced at this batch and the pool in proportion to it (anchored)
         anchored = batch_size > max(GRAPH_POOL_BATCHES)
-        step_batches = anchor_batches(batch_size) if anchored else TRACE_BATCHES
-        pool_batches = step_batches if anchored else GRAPH_POOL_BATCHES
-        fit = _step_fit(key, traced_config, inputs.num_bars, capacity, "cuda", step_batches, anchored)
         pool_line = cuda_graphs_component(config, info, traced_config, key, inputs.num_bars, capacity, note,
-                                          pool_batches)
+                                          batch_size if anchored else None)
         trace = trace_step_memory(make_train_step(traced_config, inputs.num_bars, capacity), batch_size, "cuda",
                                   record_events=True)
         usage = pool_usage(trace, expandable)
         row = {"mode": args.child, "batch": batch_size, "step_bytes_traced": trace.step_bytes,
                "model_pool_bytes": usage.reserved_bytes, "model_footprint_bytes": usage.footprint_bytes,
-               "planned_pool_bytes": fit.step_bytes_at(batch_size) + pool_line.bytes_at(batch_size)}
+               "planned_pool_bytes": (trace.step_bytes if anchored else step_line.step_bytes_at(batch_size))
+               + pool_line.bytes_at(batch_size)}
         try:
             row.update(real_pool(make_train_step(config, inputs.num_bars, capacity), batch_size, device))
             row["model_error"] = (row["model_pool_bytes"] - row["pool_bytes"]) / max(row["pool_bytes"], 1)

@@ -31,7 +31,6 @@ from fitdqn.budget.allocator_model import (
 )
 from fitdqn.budget.build import (
     GRAPH_POOL_BATCHES,
-    anchor_batches,
     cuda_graphs_component,
     make_train_step,
     trace_config,
@@ -351,7 +350,7 @@ def test_cuda_graphs_component_of_the_learner_step(iqn_kernel):
     # them (safe), and is loose by no more than the page allowance, the largest slack at the fitted batches, or a
     # tenth of the pool. Beyond them the slack is not smooth in the batch (on an H200's kernel shapes the line
     # through 4096 and 8192 missed the chunked head's slack at 16384 and was 40 % loose for the fused head's), so
-    # the plan anchors its lines at a batch beyond them (``build.anchor_batches``): exact there.
+    # the plan anchors at a batch beyond them (``build_components(anchor=...)``): in proportion to a trace there.
     make_step = make_train_step(traced, 6000, 128 * 64)
 
     def pool_and_slack(batch: int) -> tuple[int, int]:
@@ -366,8 +365,7 @@ def test_cuda_graphs_component_of_the_learner_step(iqn_kernel):
         assert 0 < beyond <= component.bytes_at(b), b
         assert component.bytes_at(b) <= max(loosest, beyond + pages, beyond + pool // 10), b
     far = 2 * GRAPH_POOL_BATCHES[1]
-    anchored = cuda_graphs_component(config, device, traced, str(config_to_dict(traced)), 6000, 128 * 64, note,
-                                     anchor_batches(far))
+    anchored = cuda_graphs_component(config, device, traced, str(config_to_dict(traced)), 6000, 128 * 64, note, far)
     pool, beyond = pool_and_slack(far)
     assert beyond <= anchored.bytes_at(far) <= beyond + LARGE_BUFFER + SMALL_BUFFER + far  # footprint to whole pages
 

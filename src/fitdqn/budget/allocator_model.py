@@ -425,26 +425,20 @@ class GraphPoolFit:
 
 def graph_pool_fit(small: StepTrace, large: StepTrace, expandable: bool = True) -> GraphPoolFit:
     """What a graph's private pool reserves beyond the step's live peak (``step_bytes``), fitted as a line
-    through two traced batches (``trace.fit_line``: exact at the smaller one, slope rounded up).
+    through two traced batches (``trace.line_above``: non-negative, above both points).
 
     With expandable segments the fit is over the pool's footprint (its high-water end, 512-byte pages),
     which grows smoothly with the batch, and the rounding of each pool's mapped end up to whole pages is
     added as one 20 MiB and one 2 MiB page (an upper bound: less than a page each). The default allocator's
     reserved bytes are fitted as they are: they jump with the segment sizes, so that line is rougher.
-    A line falling with the batch is replaced by the larger of the two values, flat; one with a negative intercept
-    by the line through 0 and the larger batch's point (exact there). Both stay above both points.
     """
-    from fitdqn.budget.trace import fit_line
+    from fitdqn.budget.trace import line_above
 
     traces = sorted((small, large), key=lambda t: t.batch_size)
     usages = tuple(pool_usage(trace, expandable) for trace in traces)
     extra = tuple((u.footprint_bytes if expandable else u.reserved_bytes) - t.step_bytes
                   for u, t in zip(usages, traces, strict=True))
     batches = (traces[0].batch_size, traces[1].batch_size)
-    fixed, per_sample = fit_line((batches[0], extra[0]), (batches[1], extra[1]))
-    if per_sample < 0:  # keep the line above both points
-        fixed, per_sample = max(extra), 0
-    elif fixed < 0:  # the slack grows faster than in proportion: the line through 0 and the larger point is
-        fixed, per_sample = 0, -(-max(extra[1], 0) // batches[1])  # above the smaller one and exact at the larger
+    fixed, per_sample = line_above((batches[0], extra[0]), (batches[1], extra[1]))
     fixed += LARGE_BUFFER + SMALL_BUFFER if expandable else 0
     return GraphPoolFit(fixed, per_sample, expandable, batches, usages, extra)  # type: ignore[arg-type]

@@ -26,15 +26,21 @@ from functools import lru_cache
 
 import torch
 
-from fitdqn.budget.allocator_model import expandable_segments_enabled, graph_pool_fit
+from fitdqn.budget.allocator_model import (
+    LARGE_BUFFER,
+    SMALL_BUFFER,
+    expandable_segments_enabled,
+    graph_pool_fit,
+    pool_usage,
+)
 from fitdqn.budget.component import Component
 from fitdqn.budget.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
 from fitdqn.budget.planner import Plan, make_plan
 from fitdqn.budget.trace import (
-    StepFit,
     StepSetup,
+    StepTrace,
     fake_device_for,
-    per_sample_bytes,
+    line_above,
     trace_step_memory,
 )
 from fitdqn.config import Config, config_to_dict, for_device
@@ -169,11 +175,10 @@ def network_fixed_bytes(config: Config) -> dict[str, int]:
 
 
 @lru_cache(maxsize=32)
-def _step_fit(config_key: str, config: Config, num_bars: int, capacity: int, target: str,
-              batches: tuple[int, int], record_events: bool = False) -> StepFit:
-    """The training step traced at ``batches`` (``trace.per_sample_bytes``), with its allocation log when asked."""
-    return per_sample_bytes(make_train_step(config, num_bars, capacity), batches, target,
-                            record_events=record_events)
+def _step_trace(config_key: str, config: Config, num_bars: int, capacity: int, target: str, batch: int,
+                record_events: bool = False) -> StepTrace:
+    """The training step traced at one batch, with its allocation log when asked."""
+    return trace_step_memory(make_train_step(config, num_bars, capacity), batch, target, record_events=record_events)
 
 
 @lru_cache(maxsize=16)
@@ -182,28 +187,33 @@ def _act_peak(config_key: str, config: Config, num_bars: int, target: str) -> in
 
 
 def cuda_graphs_component(config: Config, device: DeviceInfo, traced_config: Config, config_key: str,
-                          num_bars: int, capacity: int, note: str = "",
-                          batches: tuple[int, int] = GRAPH_POOL_BATCHES) -> Component:
-    """The update graph's private pool beyond the step's live peak (module docstring), fitted at ``batches``,
-    or 0 bytes and why."""
+                          num_bars: int, capacity: int, note: str = "", anchor: int | None = None) -> Component:
+    """The update graph's private pool beyond the step's live peak (module docstring), or 0 bytes and why:
+    a line through ``GRAPH_POOL_BATCHES``, or with ``anchor`` in proportion to the batch from that one."""
     if device.kind != "cuda":
         return Component("cuda_graphs", 0, 0, f"{device.kind} device: no CUDA graphs")
     if not config.train.cuda_graphs:
         return Component("cuda_graphs", 0, 0, "train.cuda_graphs is off: the update runs eagerly, no graph pool")
     expandable = expandable_segments_enabled()
-    small, large = _step_fit(config_key, traced_config, num_bars, capacity, "cuda", batches, True).traces
-    fit = graph_pool_fit(small, large, expandable)
     mode = "expandable segments" if expandable else "default allocator, no expandable segments"
-    text = (f"allocator model over the traced step's {fit.usages[1].allocations} allocations ({mode}): "
-            f"pool reserved - step live peak at batch {fit.batches[0]} and {fit.batches[1]}")
+    pages = LARGE_BUFFER + SMALL_BUFFER if expandable else 0
+    if anchor is None:
+        small, large = (_step_trace(config_key, traced_config, num_bars, capacity, "cuda", b, True)
+                        for b in GRAPH_POOL_BATCHES)
+        fit = graph_pool_fit(small, large, expandable)
+        fixed, per_sample, allocations = fit.fixed_bytes, fit.per_sample_bytes, fit.usages[1].allocations
+        at = f"at batch {fit.batches[0]} and {fit.batches[1]}"
+    else:
+        trace = _step_trace(config_key, traced_config, num_bars, capacity, "cuda", anchor, True)
+        usage = pool_usage(trace, expandable)
+        beyond = (usage.footprint_bytes if expandable else usage.reserved_bytes) - trace.step_bytes
+        fixed, per_sample, allocations = pages, -(-max(beyond, 0) // anchor), usage.allocations
+        at = f"at batch {anchor}, in proportion"
+    text = (f"allocator model over the traced step's {allocations} allocations ({mode}): "
+            f"pool reserved - step live peak {at}")
     if expandable:
         text += ", + one 20 MiB and one 2 MiB page of mapping granularity"
-    return Component("cuda_graphs", fit.fixed_bytes, fit.per_sample_bytes, text + (f" ({note})" if note else ""))
-
-
-def anchor_batches(anchor: int) -> tuple[int, int]:
-    """The two batches a plan anchored at ``anchor`` traces: its half and itself (the lines are exact there)."""
-    return max(anchor // 2, 1), max(anchor, 2)
+    return Component("cuda_graphs", fixed, per_sample, text + (f" ({note})" if note else ""))
 
 
 def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anchor: int | None = None
@@ -211,8 +221,9 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     """Every consumer, in any order (the planner orders them), and the planned replay capacity.
 
     The step's components are lines through traces at ``TRACE_BATCHES`` (the graph pool's at
-    ``GRAPH_POOL_BATCHES``), or, with ``anchor``, all through traces at ``anchor_batches(anchor)``: exact at
-    the anchor, for checking or choosing a batch there (``plan_for_device``)."""
+    ``GRAPH_POOL_BATCHES``), or, with ``anchor``, in proportion to one trace at ``anchor``: exact there, for
+    checking or choosing a batch there (``plan_for_device``). Lines through two traces would not be exact at
+    either when the step's peak moves to another phase between them (per group, the shares change)."""
     spec = transition_spec()
     num_envs = config.collect.num_envs
     overhead = device_overhead_components(config, device)  # CUDA's own bytes: not free for the replay's share
@@ -227,14 +238,20 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     traced_config, note = trace_config(config, device)
     target = "cuda" if device.kind == "cuda" else "cpu"
     key = str(config_to_dict(traced_config))
-    step_batches = TRACE_BATCHES if anchor is None else anchor_batches(anchor)
-    pool_batches = GRAPH_POOL_BATCHES if anchor is None else step_batches
     graphs = device.kind == "cuda" and config.train.cuda_graphs
-    update = _step_fit(key, traced_config, inputs.num_bars, capacity, target, step_batches,
-                       graphs and step_batches == pool_batches)  # one pair of traces serves both
     act_peak = _act_peak(key, traced_config, inputs.num_bars, target)
-    how = f"traced update at batch {step_batches[0]} and {step_batches[1]}" + (f" ({note})" if note else "")
-
+    if anchor is None:  # lines through two traces, above both
+        first, second = (_step_trace(key, traced_config, inputs.num_bars, capacity, target, b) for b in TRACE_BATCHES)
+        lines = {name: line_above((first.batch_size, first.step_by_group.get(name, 0)),
+                                  (second.batch_size, second.step_by_group.get(name, 0)))
+                 for name in (*MEMORY_GROUPS, "other")}
+        how = f"traced update at batch {TRACE_BATCHES[0]} and {TRACE_BATCHES[1]}"
+    else:  # in proportion to one trace at the anchor: exact there, whichever phase holds the step's peak
+        trace = _step_trace(key, traced_config, inputs.num_bars, capacity, target, anchor, graphs)
+        lines = {name: (0, -(-max(trace.step_by_group.get(name, 0), 0) // anchor))
+                 for name in (*MEMORY_GROUPS, "other")}
+        how = f"traced update at batch {anchor}, in proportion"
+    how += f" ({note})" if note else ""
     network_fixed = network_fixed_bytes(config)
     components = [replay, her]
     components.append(Component(
@@ -247,21 +264,20 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     for name in MEMORY_GROUPS:
         components.append(Component(
             name,
-            network_fixed[name] + max(update.per_group_fixed.get(name, 0), 0),
-            update.per_group_per_sample.get(name, 0),
+            network_fixed[name] + lines[name][0],
+            lines[name][1],
             f"params{' + target' if name != 'iql' else ''} + grads + Adam m,v of the real modules; {how}",
         ))
-    other_fixed = update.per_group_fixed.get("other", 0)
-    other_per_sample = update.per_group_per_sample.get("other", 0)
+    other_fixed, other_per_sample = lines["other"]
     sampling = replay.per_sample_bytes + her.per_sample_bytes
     components.append(Component(
         "batch",
-        max(other_fixed, 0),
+        other_fixed,
         max(other_per_sample - sampling, 0),
         f"sampled batch, observations, losses, optimizer temporaries: {how}, less replay/her scratch",
     ))
     components.append(cuda_graphs_component(config, device, traced_config, key, inputs.num_bars, capacity, note,
-                                            pool_batches))
+                                            anchor))
     return components, capacity
 
 
@@ -317,7 +333,7 @@ AUTO_REFINE_CONVERGED = 0.01  # stop when the next anchor would move the batch b
 def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, profile, plan: Plan) -> Plan:
     """The largest auto batch whose traced need fits, by re-anchoring the step's lines at the candidate.
 
-    Round k plans with lines through traces at ``anchor_batches(B_k)``, exact at ``B_k``: the plan's batch
+    Round k plans with components in proportion to a trace at ``B_k``, exact at ``B_k``: the plan's batch
     ``P_k`` is at least ``B_k`` exactly when the traced step at ``B_k`` (with its modelled graph pool) fits.
     The next anchor is ``P_k``; the answer is the largest anchor that fitted, stopping when the next one would
     move it by less than ``AUTO_REFINE_CONVERGED``. Never larger than an anchor that was checked: what lies
@@ -336,6 +352,6 @@ def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, pr
     if fitted is None:
         return dataclasses.replace(plan, notes=(*plan.notes, "auto batch not refined: no traced batch fitted"))
     batch, candidate = fitted
-    note = (f"auto batch {batch}: the step traced at {anchor_batches(batch)[0]} and {batch} samples fits "
+    note = (f"auto batch {batch}: the step traced at {batch} samples fits "
             f"(the lines fitted at {TRACE_BATCHES[1]} samples gave {plan.batch_size})")
     return dataclasses.replace(candidate, batch_size=batch, notes=(*candidate.notes, note))

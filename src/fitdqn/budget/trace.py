@@ -268,6 +268,20 @@ def fit_line(small: tuple[int, int], large: tuple[int, int]) -> tuple[int, int]:
     return y1 - per_sample * b1, per_sample
 
 
+def line_above(small: tuple[int, int], large: tuple[int, int]) -> tuple[int, int]:
+    """``fit_line`` kept non-negative and above both points, exact at ``large`` where it must move.
+
+    A falling line becomes the larger value, flat; one with a negative intercept (growing faster than in
+    proportion) the line through 0 and ``large``. A plan adds lines as parts of one total: clamping a negative
+    intercept to 0 instead would lift the whole line by that much at every batch."""
+    fixed, per_sample = fit_line(small, large)
+    if per_sample < 0:
+        return max(small[1], large[1]), 0
+    if fixed < 0:
+        return 0, -(-max(large[1], 0) // large[0])
+    return fixed, per_sample
+
+
 def per_sample_bytes(
     make_step: MakeStep,
     batches: tuple[int, int] = (1024, 2048),
