@@ -4,10 +4,6 @@ planner's trace sees), its Triton kernels under Triton's interpreter, and on a G
 from __future__ import annotations
 
 import copy
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +12,7 @@ from attention_interpreter import CASES, MODULE_CASES, MODULE_RESULTS, RESULTS
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+from triton_interpreter import run_under_interpreter
 
 from fitdqn.budget.cuda_autocast import CudaAutocastOnCpu
 from fitdqn.budget.trace import measure_step_memory, trace_step_memory
@@ -220,14 +217,7 @@ MODULE_TOLERANCES = {"float32": 5e-6, "bfloat16": 2e-2}  # against the fp64 modu
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():  # the interpreter stands in for a GPU; on one the compiled kernels are tested
-        pytest.skip("a CUDA GPU is present: the tests below run the compiled kernels")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = Path(__file__).with_name("attention_interpreter.py")
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_under_interpreter(Path(__file__).with_name("attention_interpreter.py"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
