@@ -126,3 +126,33 @@ def test_an_auto_batch_beyond_the_fitted_lines_is_checked_by_a_trace_at_itself()
     planned = (sum(by_name[n].bytes_at(high) for n in step_names) - sum(network_fixed_bytes(config).values())
                + (by_name["replay"].per_sample_bytes + by_name["her"].per_sample_bytes) * high)
     assert 0 <= planned - step <= len(step_names) * high
+
+
+@pytest.mark.parametrize("curvature", [-2e-3, 0.0, 5e-3])  # the step's bytes grow slower / as / faster than B
+def test_refining_an_auto_batch_finds_the_largest_that_fits_and_never_more(monkeypatch, curvature):
+    from fitdqn.budget import build
+    from fitdqn.budget.component import Component
+    from fitdqn.budget.planner import make_plan
+    from fitdqn.device.profiles import load_profiles, match_profile
+
+    fixed, free = 500 * 2**20, 4 * GIB
+    need = lambda b: int(40_000 * b + curvature * b * b)  # noqa: E731  # the step's exact bytes at batch b
+    anchors = []
+
+    def components_at(config, device, inputs, anchor=None):
+        anchors.append(anchor)
+        per_sample = 60_000 if anchor is None else -(-need(anchor) // anchor)  # lines: loose; anchored: exact
+        return [Component("replay", fixed, 0, "test"), Component("batch", 0, per_sample, "test")], 0
+
+    monkeypatch.setattr(build, "build_components", components_at)
+    device = what_if("rtx3050", 8 * GIB, free)
+    config = for_device(synthetic(**{"budget.batch_size": 0, "budget.max_batch": 1 << 22}), device.kind)
+    profile = match_profile(device.name, load_profiles())
+    lines = make_plan(device, profile, config.budget, *components_at(config, device, None))
+    plan = build.refine_auto_batch(config, device, None, profile, lines)
+    room = free - fixed - lines.headroom_bytes
+    largest = max(b for b in range(lines.batch_size, 2 * lines.batch_size) if need(b) <= room)
+    assert need(plan.batch_size) <= room  # it fits
+    assert plan.batch_size >= 0.98 * largest  # and is nearly the largest that does
+    assert plan.batch_size in anchors  # a batch that was traced, not extrapolated
+    assert any("the step traced at" in note for note in plan.notes)

@@ -307,11 +307,12 @@ def device_overhead_components(config: Config, device: DeviceInfo) -> list[Compo
 def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None) -> Plan:
     """The plan: components from the real objects, the batch chosen last (``budget.planner.make_plan``).
 
-    The step's lines are fitted at a few thousand samples, where they are safe but loose far beyond: the
+    The step's lines are fitted at a few hundred to a few thousand samples and are loose far beyond: the
     step's live peak grows more slowly than its slope there (the staging buffers of reductions over the batch
-    stop growing once they fill the GPU's SMs) and the graph pool's slack is not linear in the batch. So a
-    batch beyond ``GRAPH_POOL_BATCHES`` is planned with lines anchored at that batch: a profile or user batch
-    is checked against traces at itself; an auto batch is searched (``refine_auto_batch``)."""
+    stop growing once they fill the GPU's SMs), its peak moves between phases, and the graph pool's slack is
+    not linear in the batch. So a batch beyond ``GRAPH_POOL_BATCHES`` is planned with the step's components in
+    proportion to one trace at that batch: a profile or user batch is checked there; an auto batch is searched
+    (``refine_auto_batch``)."""
     config = for_device(config, device.kind)
     profiles = load_profiles(config.budget.profiles_dir or None)
     profile = match_profile(device.name, profiles)
@@ -337,8 +338,8 @@ def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, pr
     ``P_k`` is at least ``B_k`` exactly when the traced step at ``B_k`` (with its modelled graph pool) fits.
     The next anchor is ``P_k``; the answer is the largest anchor that fitted, stopping when the next one would
     move it by less than ``AUTO_REFINE_CONVERGED``. Never larger than an anchor that was checked: what lies
-    beyond it is only extrapolated. If no anchor fits (not expected: the first is the lines' own answer), the
-    first plan stands."""
+    beyond it is only extrapolated. If no anchor fitted within ``AUTO_REFINE_ROUNDS`` (each round that misses
+    lowers the next anchor), the smaller of the lines' batch and the last candidate is kept, and a note says so."""
     anchor, fitted = plan.batch_size, None
     for _ in range(AUTO_REFINE_ROUNDS):
         components, capacity = build_components(config, device, inputs, anchor)
@@ -350,7 +351,10 @@ def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, pr
                 break
         anchor = candidate.batch_size
     if fitted is None:
-        return dataclasses.replace(plan, notes=(*plan.notes, "auto batch not refined: no traced batch fitted"))
+        batch = min(plan.batch_size, anchor)
+        return dataclasses.replace(plan, batch_size=batch, notes=(
+            *plan.notes, f"auto batch {batch}: not checked by a trace (no traced batch fitted in "
+                         f"{AUTO_REFINE_ROUNDS} rounds)"))
     batch, candidate = fitted
     note = (f"auto batch {batch}: the step traced at {batch} samples fits "
             f"(the lines fitted at {TRACE_BATCHES[1]} samples gave {plan.batch_size})")
