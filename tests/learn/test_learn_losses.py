@@ -45,6 +45,18 @@ def test_projection_matches_per_sample_loop_on_random_inputs():
     torch.testing.assert_close(got.sum(-1), torch.ones(12, 3))  # mass is conserved
 
 
+def test_projection_stays_fp32_under_bf16_autocast():
+    torch.manual_seed(0)
+    support = torch.linspace(-10.0, 10.0, 51)
+    probs = torch.softmax(torch.randn(64, 3, 51), dim=-1)
+    rewards, discounts = torch.randn(64) * 3.0, torch.full((64,), 0.97)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as in the update (CUDA autocast runs matmuls in bf16 too)
+        got = categorical_projection(probs, rewards, discounts, support)
+    assert got.dtype == torch.float32
+    # bf16 would be off by up to ~4e-3 of a probability: the target would not even sum to 1 within 1e-3
+    torch.testing.assert_close(got.double(), project_loop(probs, rewards, discounts, support), atol=1e-6, rtol=0)
+
+
 def test_projection_of_targets_landing_exactly_on_atoms():
     support = torch.linspace(-10.0, 10.0, 11)  # dz = 2
     probs = torch.softmax(torch.randn(2, 11), dim=-1)
