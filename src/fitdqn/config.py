@@ -50,10 +50,10 @@ class NetConfig:
     iqn_chunk: int = knob(
         16, "quantiles per chunk in the chunked IQN head (smaller: less activation memory, more kernels)"
     )
-    iqn_kernel: str = knob(
-        "auto", "IQN head, quantile Huber loss and attention core: 'auto' (fused Triton kernels when the target "
-        "device is CUDA and Triton is installed, else 'chunked'), 'triton' (fused operators; plain maths on the "
-        "CPU), 'chunked' (chunked IQN head, closed-form loss, elementwise attention)"
+    kernels: str = knob(
+        "auto", "kernels of the IQN head, attention core and quantile Huber loss: 'auto' (Triton when the target "
+        "device is CUDA and Triton is installed, else 'torch'), 'triton' (fused operators; plain maths on the "
+        "CPU), 'torch' (plain PyTorch ops: chunked IQN head, elementwise attention, closed-form loss)"
     )
     iql_hidden: int = knob(128, "IQL value net width (state -> h -> h -> 1)")
 
@@ -225,6 +225,9 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
     raise ConfigError(f"config key '{key}': expected {type_name}, got {value!r} ({type(value).__name__})")
 
 
+RENAMED_KEYS = {"net.iqn_kernel": "'net.kernels' (values 'auto', 'triton', 'torch'; 'chunked' is now 'torch')"}
+
+
 def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
     """Build a Config from nested ``{section: {key: value}}``; unknown sections/keys are errors."""
     base = base or Config()
@@ -241,6 +244,8 @@ def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config
         changes = {}
         for key, value in values.items():
             full = f"{section_name}.{key}"
+            if full in RENAMED_KEYS:
+                raise ConfigError(f"config key '{full}' is now {RENAMED_KEYS[full]}")
             if key not in types_:
                 raise ConfigError(
                     f"unknown config key '{full}'; keys of [{section_name}]: {', '.join(types_)}"
@@ -312,7 +317,7 @@ def validate(config: Config) -> None:
         (n.d_model % n.attention_heads == 0, "net.d_model must be divisible by net.attention_heads"),
         (n.v_min < n.v_max, "net.v_min must be below net.v_max"),
         (n.window >= 1, "net.window must be at least 1"),
-        (n.iqn_kernel in ("auto", "triton", "chunked"), "net.iqn_kernel must be 'auto', 'triton' or 'chunked'"),
+        (n.kernels in ("auto", "triton", "torch"), "net.kernels must be 'auto', 'triton' or 'torch'"),
         (lrn.n_step >= 1, "learn.n_step must be at least 1"),
         (lrn.target_update in ("soft", "hard"), "learn.target_update must be 'soft' or 'hard'"),
         (lrn.risk in ("neutral", "cvar"), "learn.risk must be 'neutral' or 'cvar'"),

@@ -335,9 +335,9 @@ def small_config(**overrides) -> Config:
                                                 **overrides}), "cuda")
 
 
-@pytest.mark.parametrize("iqn_kernel", ["chunked", "triton"])
-def test_cuda_graphs_component_of_the_learner_step(iqn_kernel):
-    config = small_config(**{"net.iqn_kernel": iqn_kernel})
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_cuda_graphs_component_of_the_learner_step(kernels):
+    config = small_config(**{"net.kernels": kernels})
     device = what_if("h200", 141 * 2**30, 140 * 2**30)
     traced, note = trace_config(config, device)
     component = cuda_graphs_component(config, device, traced, str(config_to_dict(traced)), 6000, 128 * 64, note)

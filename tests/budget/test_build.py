@@ -20,10 +20,10 @@ def synthetic(**overrides):
     return with_overrides(Config(), {"market.data": "synthetic", **overrides})
 
 
-@pytest.mark.parametrize("iqn_kernel", ["chunked", "triton"])
-def test_what_if_rtx3050_with_1_7_gib_free(capsys, iqn_kernel):
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_what_if_rtx3050_with_1_7_gib_free(capsys, kernels):
     assert main(["plan", "--gpu", "rtx3050", "--free-memory", "1.7GiB", "--batch-size", "0", "--data",
-                 "synthetic", "--net.iqn_kernel", iqn_kernel, "--json"]) == 0
+                 "synthetic", "--net.kernels", kernels, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["batch_source"] == "auto"
     assert 64 <= plan["batch_size"] <= 16384
@@ -35,7 +35,7 @@ def test_what_if_rtx3050_with_1_7_gib_free(capsys, iqn_kernel):
     # nothing per sample there (its output is consumed in forward, it saves only its inputs): the peak moves
     # to the attention block's backward
     iqn_per_sample = components["iqn"]["per_sample_bytes"]
-    assert iqn_per_sample > 0 if iqn_kernel == "chunked" else iqn_per_sample == 0
+    assert iqn_per_sample > 0 if kernels == "torch" else iqn_per_sample == 0
     assert components["iql"]["fixed_bytes"] > 0 and components["replay"]["fixed_bytes"] > 0
     assert components["collector"]["fixed_bytes"] > 0 and components["cuda_overhead"]["fixed_bytes"] > 0
     assert all(c["derived_from"] for c in plan["components"])

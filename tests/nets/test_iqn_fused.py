@@ -19,9 +19,10 @@ from fitdqn.budget.trace import measure_step_memory, trace_step_memory
 from fitdqn.config import Config, ConfigError, with_overrides
 from fitdqn.device import what_if
 from fitdqn.learn import Learner
-from fitdqn.nets import iqn
-from fitdqn.nets.iqn import IQNHead, resolve_iqn_kernel
+from fitdqn.nets import kernels
+from fitdqn.nets.iqn import IQNHead
 from fitdqn.nets.iqn_op import tile_geometry
+from fitdqn.nets.kernels import resolve_kernels
 
 D_MODEL, EMBEDDING, OUTPUTS = 256, 64, 15
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -117,35 +118,38 @@ def test_nothing_batch_by_quantiles_by_width_is_allocated():
 
 # ---------------------------------------------------------------------------- choosing the implementation
 
-def test_resolve_iqn_kernel(monkeypatch):
+def test_resolve_kernels(monkeypatch):
     for installed in (True, False):
-        monkeypatch.setattr(iqn, "triton_available", lambda installed=installed: installed)
-        assert resolve_iqn_kernel("auto", "cuda") == ("triton" if installed else "chunked")
-        assert resolve_iqn_kernel("auto", "cpu") == "chunked"
+        monkeypatch.setattr(kernels, "triton_available", lambda installed=installed: installed)
+        assert resolve_kernels("auto", "cuda") == ("triton" if installed else "torch")
+        assert resolve_kernels("auto", "cpu") == "torch"
         for device_type in ("cuda", "cpu"):
-            assert resolve_iqn_kernel("triton", device_type) == "triton"
-            assert resolve_iqn_kernel("chunked", device_type) == "chunked"
-    with pytest.raises(ConfigError, match="iqn_kernel"):
-        resolve_iqn_kernel("fast", "cuda")
+            assert resolve_kernels("triton", device_type) == "triton"
+            assert resolve_kernels("torch", device_type) == "torch"
+    with pytest.raises(ConfigError, match="net.kernels"):
+        resolve_kernels("fast", "cuda")
 
 
-def test_iqn_kernel_is_a_checked_config_knob():
-    assert with_overrides(Config(), {"net.iqn_kernel": "triton"}).net.iqn_kernel == "triton"  # --set path
-    assert Config().net.iqn_kernel == "auto"
-    with pytest.raises(ConfigError, match="net.iqn_kernel"):
-        with_overrides(Config(), {"net.iqn_kernel": "fast"})
+def test_kernels_is_a_checked_config_knob():
+    assert with_overrides(Config(), {"net.kernels": "triton"}).net.kernels == "triton"  # --set path
+    assert Config().net.kernels == "auto"
+    with pytest.raises(ConfigError, match="net.kernels"):
+        with_overrides(Config(), {"net.kernels": "fast"})
+    with pytest.raises(ConfigError, match="'net.iqn_kernel' is now 'net.kernels'"):  # the old name says where
+        with_overrides(Config(), {"net.iqn_kernel": "chunked"})
 
 
 def test_the_path_is_fixed_at_construction_for_the_planned_device(monkeypatch):
     small = {"net.d_model": 16, "net.attention_heads": 4, "net.trunk_hidden": 32, "net.iqn_embedding": 8}
-    for kernel, fused in (("triton", True), ("chunked", False), ("auto", False)):
-        learner = Learner(with_overrides(Config(), {**small, "net.iqn_kernel": kernel}), 10, "cpu")
-        assert learner.online.iqn.fused is fused and learner.target.iqn.fused is fused, kernel
+    for kernel, fused in (("triton", True), ("torch", False), ("auto", False)):
+        learner = Learner(with_overrides(Config(), {**small, "net.kernels": kernel}), 10, "cpu")
+        for net in (learner.online, learner.target):
+            assert net.iqn.fused is fused and net.attention.fused is fused, kernel
     h200 = what_if("h200", 141 * 2**30, 140 * 2**30)
     for installed in (True, False):
-        monkeypatch.setattr(iqn, "triton_available", lambda installed=installed: installed)
+        monkeypatch.setattr(kernels, "triton_available", lambda installed=installed: installed)
         traced, _ = trace_config(Config(), h200)  # a CUDA target, traced on fake CPU tensors
-        assert traced.net.iqn_kernel == ("triton" if installed else "chunked")
+        assert traced.net.kernels == ("triton" if installed else "torch")
 
 
 # -------------------------------------------------------------------- Triton kernels under the interpreter

@@ -50,7 +50,7 @@ from fitdqn.market.env import GOAL_COLUMN, NUM_AGENT_FIELDS, env_state_bytes, tr
 from fitdqn.market.features import NUM_FEATURES
 from fitdqn.market.observation import build_observation
 from fitdqn.nets.groups import MEMORY_GROUPS, parameter_groups
-from fitdqn.nets.iqn import resolve_iqn_kernel
+from fitdqn.nets.kernels import resolve_kernels
 from fitdqn.replay.components import her_component, replay_component, replay_sample_bytes
 
 TRACE_BATCHES = (512, 1024)
@@ -91,11 +91,11 @@ STATE_DIM = NUM_FEATURES + NUM_AGENT_FIELDS
 
 def trace_config(config: Config, device: DeviceInfo) -> tuple[Config, str]:
     """The config the trace runs: on a CPU-only PyTorch the fake tensors are CPU ones, so the bf16 autocast a
-    CUDA target would use is asked for explicitly (CPU autocast), and said so. ``net.iqn_kernel`` is resolved
+    CUDA target would use is asked for explicitly (CPU autocast), and said so. ``net.kernels`` is resolved
     for the target, so a CUDA target's trace runs the fused IQN operator (its fake kernel) as the GPU will."""
     target = torch.device("cuda" if device.kind == "cuda" else "cpu")
     traced, note = fake_device_for(target)
-    net = dataclasses.replace(config.net, iqn_kernel=resolve_iqn_kernel(config.net.iqn_kernel, target.type))
+    net = dataclasses.replace(config.net, kernels=resolve_kernels(config.net.kernels, target.type))
     config = dataclasses.replace(config, net=net)
     if device.kind == "cuda" and traced.type == "cpu" and config.learn.precision == "auto" and device.bf16:
         learn = dataclasses.replace(config.learn, precision="bf16")

@@ -48,7 +48,7 @@ from fitdqn.learn.losses import categorical_projection, expectile_loss, quantile
 from fitdqn.learn.precision import autocast, autocast_dtype
 from fitdqn.learn.target import target_weight, update_target
 from fitdqn.nets.iql import ValueNet
-from fitdqn.nets.iqn import resolve_iqn_kernel
+from fitdqn.nets.kernels import resolve_kernels
 from fitdqn.nets.qnet import QNetwork
 
 BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
@@ -65,7 +65,7 @@ class Learner:
         self.state_dim = state_dim
         # the IQN head, the attention core and the quantile Huber loss as fused operators (Triton on CUDA), or
         # the chunked head, the elementwise attention and the closed form
-        self.fused = resolve_iqn_kernel(config.net.iqn_kernel, self.device.type) == "triton"
+        self.fused = resolve_kernels(config.net.kernels, self.device.type) == "triton"
         with self.device:  # built in place on the device (no .to(): also works under FakeTensorMode)
             self.online = QNetwork(config.net, state_dim, self.fused)
             self.target = QNetwork(config.net, state_dim, self.fused).requires_grad_(False)

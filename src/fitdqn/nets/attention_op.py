@@ -46,8 +46,8 @@ def _triton():
     except ModuleNotFoundError as error:
         if error.name != "triton":
             raise
-        raise RuntimeError("the fused attention on CUDA needs the triton package (pip install triton); "
-                           "or build the network without the fused kernels") from error
+        raise RuntimeError("net.kernels = 'triton' on CUDA needs the triton package (pip install triton); "
+                           "or set net.kernels = 'torch'") from error
     return attention_triton
 
 

@@ -7,7 +7,7 @@ with psi(s) the trunk features ``[B, d_model]`` and O = one output per sub-actio
 The plain module (:meth:`IQNHead.reference`, the test oracle) keeps ``[B, N, E]`` cosines, ``[B, N, d]`` ReLU
 outputs and ``[B, N, d]`` products for backward: ``N * (E + 2 d)`` elements per sample (36,864 for N = 64,
 E = 64, d = 256: 72 KB in bf16, the largest activation of the whole update). Two implementations avoid
-that, picked once at construction (``net.iqn_kernel``, :func:`resolve_iqn_kernel`):
+that, picked once at construction (``net.kernels``, :func:`fitdqn.nets.kernels.resolve_kernels`):
 
 - ``'triton'``: the operator ``fitdqn::iqn_quantile_head`` (:mod:`fitdqn.nets.iqn_op`), fused Triton kernels
   on CUDA (:mod:`fitdqn.nets.iqn_triton`) that compute cosines, phi and h in registers, tile by tile. Per
@@ -15,44 +15,24 @@ that, picked once at construction (``net.iqn_kernel``, :func:`resolve_iqn_kernel
   ``[N, O]`` fp32 (3.75 KB at N = 64); in backward grad features ``[d]`` fp32 (1 KB) and, independent of the
   batch, per-program partial sums of the weight gradients (``[P, d, E]`` + ``[P, O, d]`` + ``[P, O]`` fp32,
   P = 128: about 10 MiB). On the CPU the same operator runs the chunked maths.
-- ``'chunked'``: :class:`QuantileHeadFunction` (:mod:`fitdqn.nets.iqn_chunked`), cuBLAS GEMMs over ``chunk``
+- ``'torch'``: :class:`QuantileHeadFunction` (:mod:`fitdqn.nets.iqn_chunked`), cuBLAS GEMMs over ``chunk``
   quantiles at a time (``net.iqn_chunk``): the same saved inputs, plus about 32 KB per sample of transients
   in bf16 at chunk 16.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fitdqn.config import ConfigError
 from fitdqn.nets.groups import tag
 from fitdqn.nets.iqn_chunked import QuantileHeadFunction, compute_dtype, cosine_embedding
 from fitdqn.nets.iqn_op import iqn_quantile_head
 
-__all__ = ["IQNHead", "QuantileHeadFunction", "compute_dtype", "cosine_embedding", "resolve_iqn_kernel"]
-
-
-def triton_available() -> bool:
-    """Whether the ``triton`` package is installed (it ships with PyTorch's Linux CUDA wheels)."""
-    return importlib.util.find_spec("triton") is not None
-
-
-def resolve_iqn_kernel(iqn_kernel: str, device_type: str) -> str:
-    """``net.iqn_kernel`` for a head that will run on ``device_type`` (the *planned* device: the planner
-    resolves it for a CUDA target before tracing on fake CPU tensors) -> ``'triton'`` or ``'chunked'``.
-    'auto' asks whether Triton is installed *here*, where planning and training normally run; an explicit
-    'triton' is kept (a plan needs only the operator's fake kernel; a CUDA run without Triton fails at the
-    head's first call, saying so)."""
-    if iqn_kernel == "auto":
-        return "triton" if device_type == "cuda" and triton_available() else "chunked"
-    if iqn_kernel in ("triton", "chunked"):
-        return iqn_kernel
-    raise ConfigError(f"net.iqn_kernel must be 'auto', 'triton' or 'chunked', got {iqn_kernel!r}")
+__all__ = ["IQNHead", "QuantileHeadFunction", "compute_dtype", "cosine_embedding"]
 
 
 class IQNHead(nn.Module):

@@ -59,8 +59,8 @@ def _triton():
     except ModuleNotFoundError as error:
         if error.name != "triton":
             raise
-        raise RuntimeError("net.iqn_kernel = 'triton' on CUDA needs the triton package (pip install triton); "
-                           "or set net.iqn_kernel = 'chunked'") from error
+        raise RuntimeError("net.kernels = 'triton' on CUDA needs the triton package (pip install triton); "
+                           "or set net.kernels = 'torch'") from error
     return iqn_triton
 
 

@@ -1,0 +1,33 @@
+"""Which kernels the networks and losses run: ``net.kernels``, resolved for the device they will run on.
+
+``'triton'``: the fused operators, each a PyTorch custom op with Triton kernels on CUDA and plain maths
+elsewhere: the IQN head (``fitdqn::iqn_quantile_head``), the attention core (``fitdqn::last_token_attention``)
+and the quantile Huber loss (``fitdqn::quantile_huber``). ``'torch'``: plain PyTorch ops: the chunked IQN head,
+the elementwise attention and the closed-form loss. ``'auto'``: Triton for a CUDA device where Triton is
+installed, else torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from fitdqn.config import ConfigError
+
+KERNELS = ("auto", "triton", "torch")
+
+
+def triton_available() -> bool:
+    """Whether the ``triton`` package is installed (it ships with PyTorch's Linux CUDA wheels)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def resolve_kernels(kernels: str, device_type: str) -> str:
+    """``net.kernels`` for networks that will run on ``device_type`` (the *planned* device: the planner resolves
+    it for a CUDA target before tracing on fake CPU tensors) -> ``'triton'`` or ``'torch'``. 'auto' asks whether
+    Triton is installed *here*, where planning and training normally run; an explicit 'triton' is kept (a plan
+    needs only the operators' fake kernels; a CUDA run without Triton fails at the first call, saying so)."""
+    if kernels == "auto":
+        return "triton" if device_type == "cuda" and triton_available() else "torch"
+    if kernels in KERNELS:
+        return kernels
+    raise ConfigError(f"net.kernels must be one of {', '.join(KERNELS)}; got {kernels!r}")
