@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU checks of the learner (issue 3) and the budget (issue 8), each part sized to one 10-minute device call.
+#
+#   OUT=results_dir bash benchmarks/gpu_checks.sh tests    # the CUDA tests (about 5 min on an H200)
+#   OUT=results_dir bash benchmarks/gpu_checks.sh sweep    # emulated cards 1.7 .. 80 GiB (about 5 min)
+#   OUT=results_dir bash benchmarks/gpu_checks.sh speed    # update times, kernel launch shapes, graph pool (about 4 min)
+#
+# Logs and JSON go to $OUT (default gpu_results/). Run from the repository root with fitdqn importable
+# (installed, or PYTHONPATH=src). Each step has its own time limit, so one slow step cannot take the others down.
+set -u
+out=${OUT:-gpu_results}
+mkdir -p "$out"
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+step() { echo; echo "=== $1 ($(date +%T))"; }
+case "${1:-}" in
+  tests)
+    step "CUDA tests"
+    timeout 560 python3 -m pytest -q -p no:cacheprovider -rfE --durations=15 tests/nets tests/learn tests/budget \
+      tests/replay/test_cuda.py tests/market/test_market_env_cuda.py tests/device/test_probe.py \
+      > "$out/gpu_tests.log" 2>&1
+    tail -25 "$out/gpu_tests.log" ;;
+  sweep)
+    step "budget sweep"
+    timeout 560 python3 benchmarks/budget_sweep.py --cards 1.7,4,8,16,24,40,80 --total-seconds 540 \
+      --card-timeout 80 --out "$out/budget_sweep.json" > "$out/budget_sweep.log" 2>&1
+    tail -14 "$out/budget_sweep.log" ;;
+  speed)
+    step "update"
+    timeout 150 python3 benchmarks/bench_update.py --batches 64,256,1024,2048,4096,8192,16384 --iters 30 \
+      --warmup 5 --out "$out/update.json" > "$out/update.log" 2>&1
+    tail -18 "$out/update.log"
+    step "kernel launch shapes"
+    timeout 90 python3 benchmarks/tune_kernels.py --out "$out/tune_kernels.json" > "$out/tune_kernels.log" 2>&1
+    tail -3 "$out/tune_kernels.log"
+    step "graph pool"
+    timeout 150 python3 benchmarks/graph_pool_check.py --modes expandable --batches 1024,4096,8192,16384,32768 \
+      --out "$out/graph_pool.json" > "$out/graph_pool.log" 2>&1
+    tail -8 "$out/graph_pool.log" ;;
+  *)
+    echo "usage: OUT=dir bash benchmarks/gpu_checks.sh tests|sweep|speed" >&2
+    exit 2 ;;
+esac
