@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from iqn_interpreter import CASES, RESULTS
+from storage_log import StorageLog
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from triton_interpreter import run_under_interpreter
 
 from fitdqn.budget.build import trace_config
@@ -63,21 +62,6 @@ def test_operators_pass_opcheck():
 
 
 # ---------------------------------------------------------------- the fake kernels: what the planner sees
-
-class StorageLog(TorchDispatchMode):
-    """Every op's output storages: (op, shape, dtype, storage bytes)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.outputs: list[tuple[str, tuple[int, ...], torch.dtype, int]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in tree_flatten(out)[0]:
-            if isinstance(tensor, torch.Tensor):
-                self.outputs.append((str(func), tuple(tensor.shape), tensor.dtype, tensor.untyped_storage().nbytes()))
-        return out
-
 
 def fake_step_log(fused: bool, batch: int, quantiles: int) -> StorageLog:
     """Forward + backward of the full-size head on fake CPU tensors under bf16 autocast, as the planner

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from fitdqn.nets.iqn_op import FUSED_DTYPES  # the dtypes the Triton kernels take
+from fitdqn.nets.kernels import triton_module
 
 
 @torch.library.custom_op("fitdqn::quantile_huber", mutates_args=())
@@ -33,9 +34,7 @@ def _quantile_huber_cuda(pred, target, taus, kappa):
         from fitdqn.learn.losses import _quantile_huber_sorted
 
         return _quantile_huber_sorted(pred, target, taus, kappa)
-    from fitdqn.learn.quantile_huber_triton import fused_quantile_huber
-
-    return fused_quantile_huber(pred, target, taus, kappa)
+    return triton_module("fitdqn.learn.quantile_huber_triton").fused_quantile_huber(pred, target, taus, kappa)
 
 
 @quantile_huber.register_fake

@@ -37,18 +37,11 @@ from __future__ import annotations
 import torch
 
 from fitdqn.nets.iqn_op import FUSED_DTYPES  # the dtypes the Triton kernels take
+from fitdqn.nets.kernels import triton_module
 
 
 def _triton():
-    """The Triton kernels' module, imported on first use (Triton is only needed on CUDA)."""
-    try:
-        from fitdqn.nets import attention_triton
-    except ModuleNotFoundError as error:
-        if error.name != "triton":
-            raise
-        raise RuntimeError("net.kernels = 'triton' on CUDA needs the triton package (pip install triton); "
-                           "or set net.kernels = 'torch'") from error
-    return attention_triton
+    return triton_module("fitdqn.nets.attention_triton")
 
 
 def triton_takes(q: torch.Tensor, kv: torch.Tensor) -> bool:

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from fitdqn.nets.iqn_chunked import accumulate_dtype, chunked_quantile_grads, chunked_quantiles
+from fitdqn.nets.kernels import triton_module
 
 TILE_ROWS = 64  # (sample, quantile) rows per Triton tile
 WEIGHT_GRAD_PROGRAMS = 128  # programs along the batch in backward (x the d slices: 8 at d = 256)
@@ -53,15 +54,7 @@ def tile_geometry(batch: int, quantiles: int) -> TileGeometry:
 
 
 def _triton():
-    """The Triton kernels' module, imported on first use (Triton is only needed on CUDA)."""
-    try:
-        from fitdqn.nets import iqn_triton
-    except ModuleNotFoundError as error:
-        if error.name != "triton":
-            raise
-        raise RuntimeError("net.kernels = 'triton' on CUDA needs the triton package (pip install triton); "
-                           "or set net.kernels = 'torch'") from error
-    return iqn_triton
+    return triton_module("fitdqn.nets.iqn_triton")
 
 
 def fused_kernel_takes(features: torch.Tensor, dtype: torch.dtype) -> bool:

@@ -9,7 +9,9 @@ installed, else torch.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from types import ModuleType
 
 from fitdqn.config import ConfigError
 
@@ -19,6 +21,17 @@ KERNELS = ("auto", "triton", "torch")
 def triton_available() -> bool:
     """Whether the ``triton`` package is installed (it ships with PyTorch's Linux CUDA wheels)."""
     return importlib.util.find_spec("triton") is not None
+
+
+def triton_module(name: str) -> ModuleType:
+    """The Triton kernels' module ``name``, imported on first use (Triton is only needed on CUDA)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != "triton":
+            raise
+        raise RuntimeError("net.kernels = 'triton' on CUDA needs the triton package (pip install triton); "
+                           "or set net.kernels = 'torch'") from error
 
 
 def resolve_kernels(kernels: str, device_type: str) -> str:
