@@ -99,8 +99,10 @@ def test_triton_kernel_on_cuda_matches_the_torch_path(branch_rewards):
         rewards = rewards.unsqueeze(-1) + torch.linspace(-1.0, 1.0, 3, device="cuda")  # [B, br]
     fused = categorical_projection(probs, rewards, discounts, support, fused=True).cpu()
     dense = categorical_projection(*[value.cpu() for value in (probs, rewards, discounts, support)])  # no TF32
-    torch.testing.assert_close(fused, dense, atol=1e-6, rtol=0)
-    torch.testing.assert_close(fused.sum(-1), torch.ones(fused.shape[:-1]), atol=1e-6, rtol=0)
+    # the landing positions are computed on each device: near atom 50 one fp32 ulp is 3.8e-6 of an atom, and
+    # moves that much mass between two neighbours (measured on an H200: up to 4.0e-6)
+    torch.testing.assert_close(fused, dense, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fused.sum(-1), torch.ones(fused.shape[:-1]), atol=1e-5, rtol=0)
 
 
 @cuda

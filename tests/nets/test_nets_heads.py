@@ -144,26 +144,3 @@ def test_folded_c51_head_equals_per_branch_dueling_with_the_same_gradients(branc
         assert torch.all(by_name[f"advantages.{index}.weight"][n * 11:] == 0)
     assert torch.all(by_name["value.weight"][11:] == 0)
 
-
-@pytest.mark.parametrize("precision", ["fp64", "bf16"])
-def test_linear_relu_is_relu_of_the_linear_layer_with_the_same_gradients(precision):
-    from fitdqn.nets.linear_relu import linear_relu
-
-    torch.manual_seed(0)
-    dtype = torch.float64 if precision == "fp64" else torch.float32
-    layer = torch.nn.Linear(6, 9).to(dtype)
-    rows = torch.randn(13, 6, dtype=dtype, requires_grad=True)
-    upstream = torch.randn(13, 9, dtype=dtype)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-        fused, plain = linear_relu(rows, layer), F.relu(layer(rows))
-    assert fused.dtype == plain.dtype
-    assert torch.equal(fused, plain)
-    params = [rows, *layer.parameters()]
-    grads_fused = torch.autograd.grad((fused.to(dtype) * upstream).sum(), params)
-    grads_plain = torch.autograd.grad((plain.to(dtype) * upstream).sum(), params)
-    for got, expected in zip(grads_fused, grads_plain, strict=True):
-        assert got.dtype == expected.dtype
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 if precision == "fp64" else 0.05)
-    # an input that needs no gradient gets none computed (the trunk's observations)
-    out = linear_relu(rows.detach(), layer)
-    assert torch.autograd.grad(out.sum(), [layer.weight])[0].shape == layer.weight.shape

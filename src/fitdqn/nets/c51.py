@@ -34,7 +34,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from fitdqn.nets.groups import tag
-from fitdqn.nets.linear_relu import linear_relu
 
 GEMM_ALIGNMENT = 8  # bf16 elements in 16 bytes
 
@@ -90,7 +89,7 @@ class BranchingDuelingC51(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         batch = features.shape[0]
-        streams = linear_relu(features, self.hidden)  # [B, (1 + branches) * h]
+        streams = F.relu(self.hidden(features), inplace=True)  # [B, (1 + branches) * h]
         weight, bias = self.folded_output()  # [rows, (1 + branches) * h], [rows]
         logits = F.linear(streams, weight, bias)  # [B, rows]
         width = len(self.branches) * self.max_n * self.atoms

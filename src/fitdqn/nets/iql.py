@@ -6,10 +6,10 @@ It reads the current bar's state only (the last token of ``obs``, ``[B, S]``), n
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fitdqn.nets.groups import tag
-from fitdqn.nets.linear_relu import linear_relu
 
 
 class ValueNet(nn.Module):
@@ -23,6 +23,6 @@ class ValueNet(nn.Module):
         tag(self, "iql")
 
     def forward(self, state: torch.Tensor) -> torch.Tensor:
-        hidden = linear_relu(state, self.fc1)  # [B, h]
-        hidden = linear_relu(hidden, self.fc2)  # [B, h]
+        hidden = F.relu(self.fc1(state), inplace=True)  # [B, h]
+        hidden = F.relu(self.fc2(hidden), inplace=True)  # [B, h]
         return self.fc3(hidden).squeeze(-1).float()  # [B]
