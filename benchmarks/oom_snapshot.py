@@ -11,6 +11,10 @@
 
        PYTHONPATH=src python benchmarks/oom_snapshot.py replay oom_snapshot.pickle
 
+   With ``--cap-bytes`` (the allocator cap the card ran under: its ``allocator_cap_bytes`` in the sweep's JSON)
+   the model also applies ``alloc_block``'s fraction check, with what the other pools had mapped when the
+   capture began counted against the cap, and says whether it refuses the request the GPU refused.
+
    If the model, fed the real sequence, reproduces the real pool, the model's rules hold and a gap between
    plan and card lies in the *sequence* (the trace) or outside the pool; if not, in the rules.
 """
@@ -60,8 +64,8 @@ def source_line(entry: dict) -> str:
     return "(no fitdqn frame: autograd engine or library)"
 
 
-def replay(path: str) -> None:
-    from fitdqn.budget.allocator_model import CachingAllocatorModel
+def replay(path: str, cap_bytes: int | None = None) -> None:
+    from fitdqn.budget.allocator_model import AllocatorCapExceeded, CachingAllocatorModel
 
     snapshot = pickle.load(open(path, "rb"))
     events = snapshot["device_traces"][0]
@@ -76,7 +80,10 @@ def replay(path: str) -> None:
     newest = max(pools)
     first_address = min(s["address"] for s in snapshot["segments"] if tuple(s.get("segment_pool_id", ())) == newest)
     start = next(i for i, e in enumerate(events) if e["action"] == "segment_map" and e["addr"] == first_address)
-    model = CachingAllocatorModel(True, None)
+    outside = sum(e["size"] if e["action"] == "segment_map" else -e["size"]
+                  for e in events[:start] if e["action"] in ("segment_map", "segment_unmap"))
+    print(f"mapped by the other pools when the capture began: {outside / MIB:.1f} MiB")
+    model = CachingAllocatorModel(True, None, limit_bytes=cap_bytes, outside_bytes=outside)
     live = {}
     for event in events[start:]:
         if event["action"] == "alloc":
@@ -88,8 +95,11 @@ def replay(path: str) -> None:
         elif event["action"] == "oom":
             print(f"at the OOM: model pool {model.reserved_bytes / MIB:.1f} MiB from the real sequence; "
                   f"request {event['size'] / MIB:.1f} MiB from {source_line(event)}")
-            model.malloc(event["size"])
-            print(f"the model would then hold {model.reserved_bytes / MIB:.1f} MiB")
+            try:
+                model.malloc(event["size"])
+                print(f"the model serves it: the pool would then hold {model.reserved_bytes / MIB:.1f} MiB")
+            except AllocatorCapExceeded as refused:
+                print(f"the model refuses it too (alloc_block's fraction check): {refused}")
     live_by_line = collections.Counter()
     for segment in snapshot["segments"]:
         for block in segment["blocks"]:
@@ -108,11 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "oom_snapshot.pickle"))
     rep = sub.add_parser("replay", help="replay a snapshot's newest graph capture through the allocator model")
     rep.add_argument("snapshot")
+    rep.add_argument("--cap-bytes", type=int, help="the allocator cap the card ran under (allocator_cap_bytes)")
     args = parser.parse_args(argv)
     if args.command == "record":
         record(args.card, args.out)
     else:
-        replay(args.snapshot)
+        replay(args.snapshot, args.cap_bytes)
     return 0
 
 

@@ -22,6 +22,7 @@ from fitdqn.budget.allocator_model import (
     LARGE_BUFFER,
     MIB,
     SMALL_BUFFER,
+    AllocatorCapExceeded,
     CachingAllocatorModel,
     expandable_segments_enabled,
     graph_pool_bytes,
@@ -424,3 +425,24 @@ def test_model_matches_a_real_cuda_graph_pool(expandable, batch_size):
     trace = trace_step_memory(make_mlp_step, batch_size, "cuda", record_events=True)
     modelled = graph_pool_bytes(trace, expandable)
     assert abs(modelled - real) <= 0.10 * real, (modelled, real, trace.step_bytes)
+
+
+def test_fraction_check_charges_the_whole_request_where_the_growth_reuses_the_free_end():
+    """Under a fraction cap ``alloc_block`` charges ``get_allocation_size`` of the request before growing, even when
+    the growth reuses the free block at the segment's mapped end (seen on an H200: an emulated 4 GiB card's capture
+    refused a 484.3 MiB request whose growth needed 240 MiB more; ``benchmarks/oom_snapshot.py``)."""
+    def run(limit: int | None) -> CachingAllocatorModel:
+        model = CachingAllocatorModel(True, limit_bytes=limit, outside_bytes=50 * MIB)
+        first = model.malloc(100 * MIB)  # maps 5 large pages
+        model.free(first)  # a 100 MiB free block at the mapped end
+        model.malloc(150 * MIB)  # reuses it and maps 60 MiB (3 pages) more
+        return model
+
+    served = run(None)
+    assert served.reserved_bytes == 160 * MIB  # what the growth mapped
+    assert served.charged_peak_bytes == 100 * MIB + 150 * MIB  # reserved before it + the whole request
+    assert replay_events([("alloc", 1, 100 * MIB), ("free", 1, 0), ("alloc", 2, 150 * MIB)], True).charged_bytes \
+        == 250 * MIB
+    assert run(300 * MIB).reserved_bytes == 160 * MIB  # 50 outside + 250 charged fits exactly
+    with pytest.raises(AllocatorCapExceeded, match="outside"):
+        run(300 * MIB - 1)  # 240 MiB of pages would fit; the charge does not

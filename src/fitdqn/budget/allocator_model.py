@@ -46,6 +46,20 @@ at two revisions (an older one, and a newer one whose ``ExpandableSegment`` take
   expandable_segments_ structure yet") while ``should_split`` already followed the global setting.
 - One stream: a capture allocates on its capture stream only, so stream ordering and cross-stream
   ``record_stream`` events (deferred frees) are not modelled.
+- ``alloc_block``'s memory-fraction check (only when ``torch.cuda.set_per_process_memory_fraction`` or the
+  ``per_process_memory_fraction`` alloc-conf key sets ``allowed_memory_maximum``): before growing a segment
+  (or cudaMalloc'ing one) the allocator refuses when ``total_allocated_memory + p.alloc_size >
+  allowed_memory_maximum``, ``p.alloc_size`` being ``get_allocation_size`` of the request, *not* the pages
+  ``try_allocate_expandable_block`` would map. ``total_allocated_memory`` is every byte mapped or
+  cudaMalloc'd by the process's allocator (all pools, streams and graphs). So with expandable segments a
+  growth that reuses the free block at the mapped end is charged for that block a second time: the cap
+  must leave ``reserved before the growth + get_allocation_size(request)``, up to a whole free tail block
+  more than the pages the growth maps. Outside a capture a refusal is followed by ``release_cached_blocks``
+  (unmaps the free pages of the default pools and of pools no live graph uses) and one retry; during a
+  capture nothing is released: the capture OOMs. ``charged_peak_bytes`` is the largest such charge of this
+  pool; ``limit_bytes``/``outside_bytes`` make the model raise ``AllocatorCapExceeded`` as the allocator
+  would. A real card's limit is physical (``cuMemCreate`` of the pages actually mapped), so this applies to
+  emulated (fraction-capped) cards only.
 
 Not in the log, so not in the model: what libraries take through the allocator outside ATen ops' outputs,
 chiefly the cuBLAS/cuBLASLt workspace a capture stream gets at its first matmul if nothing warmed that
@@ -170,6 +184,10 @@ def expandable_size(block: Block) -> int:
     return block.size
 
 
+class AllocatorCapExceeded(MemoryError):
+    """``alloc_block`` refused a growth: ``outside + pool reserved + get_allocation_size > limit``."""
+
+
 class CachingAllocatorModel:
     """One stream's view of ``DeviceCachingAllocator`` (the module docstring lists the rules).
 
@@ -177,10 +195,19 @@ class CachingAllocatorModel:
     count for this model (segments cudaMalloc'd plus pages mapped); nothing is ever given back, as in a
     graph's private pool during and after capture. ``page_bytes`` (small, large) overrides the expandable
     page sizes (2 and 20 MiB), e.g. to check that the layout does not depend on them.
+
+    ``limit_bytes`` (``allowed_memory_maximum``) and ``outside_bytes`` (mapped by other pools when the log
+    starts, e.g. the default pool and other graphs' pools at capture) turn on ``alloc_block``'s fraction
+    check: a growth with ``outside + reserved + get_allocation_size(size) > limit`` raises
+    ``AllocatorCapExceeded`` (no release and retry: the model is a capture's pool).
     """
 
-    def __init__(self, expandable: bool = False, page_bytes: tuple[int, int] | None = None) -> None:
+    def __init__(self, expandable: bool = False, page_bytes: tuple[int, int] | None = None,
+                 limit_bytes: int | None = None, outside_bytes: int = 0) -> None:
         self.expandable = expandable
+        self.limit_bytes = limit_bytes
+        self.outside_bytes = outside_bytes
+        self.charged_peak_bytes = 0  # max over growths of reserved before it + get_allocation_size
         self.small_page, self.large_page = page_bytes or (SMALL_BUFFER, LARGE_BUFFER)
         self.small = BlockPool(small=True)
         self.large = BlockPool(small=False)
@@ -199,10 +226,9 @@ class CachingAllocatorModel:
         block = self._free_block(pool, size)
         if block is not None:
             pool.remove(block)
-        elif self.expandable:
-            block = self._grow(pool, size)
         else:
-            block = self._new_segment(pool, size)
+            self._check_fraction(size)
+            block = self._grow(pool, size) if self.expandable else self._new_segment(pool, size)
         if self._should_split(pool, block, size):
             self._split(pool, block, size)
         block.allocated = True
@@ -238,6 +264,17 @@ class CachingAllocatorModel:
         return sum(s.high_water if s.expandable else s.size for s in self.segments)
 
     # -- the allocator's steps ---------------------------------------------------------------------------
+    def _check_fraction(self, size: int) -> None:
+        """``alloc_block``: ``total_allocated_memory + get_allocation_size(size) > allowed_memory_maximum``
+        refuses, whatever the growth would map (module docstring)."""
+        charge = allocation_size(size)
+        charged = self.reserved_bytes + charge
+        self.charged_peak_bytes = max(self.charged_peak_bytes, charged)
+        if self.limit_bytes is not None and self.outside_bytes + charged > self.limit_bytes:
+            raise AllocatorCapExceeded(
+                f"{self.outside_bytes} B outside + {self.reserved_bytes} B in the pool + get_allocation_size "
+                f"{charge} B = {self.outside_bytes + charged} B > allowed {self.limit_bytes} B")
+
     def _free_block(self, pool: BlockPool, size: int) -> Block | None:
         """``get_free_block``: best fit; with expandable segments, the growable end block last."""
         candidates = pool.fitting(size)
@@ -331,6 +368,8 @@ class PoolUsage:
     expandable: bool
     reserved_bytes: int  # cudaMalloc'd segments + mapped pages: the graph pool's bytes
     footprint_bytes: int  # the same with 512-byte expandable pages (= reserved for the default allocator)
+    charged_bytes: int  # what a fraction cap must leave the pool: max(reserved, reserved before a growth +
+    #                    get_allocation_size of its request) (alloc_block's check; module docstring)
     peak_allocated_bytes: int  # highest bytes of allocated blocks (unsplit blocks count whole)
     peak_requested_bytes: int  # highest live bytes requested (rounded to 512): the step's own live peak
     allocations: int
@@ -366,6 +405,7 @@ def replay_events(events: Iterable[AllocEvent | tuple[str, int, int]], expandabl
         expandable=expandable,
         reserved_bytes=model.reserved_bytes,
         footprint_bytes=model.footprint_bytes(),
+        charged_bytes=max(model.reserved_bytes, model.charged_peak_bytes),
         peak_allocated_bytes=model.peak_allocated_bytes,
         peak_requested_bytes=model.peak_requested_bytes,
         allocations=model.allocations,
