@@ -21,6 +21,13 @@ caps, caches, graphs and loaded kernels do not leak between cards):
    step (``set_batch_size``, graph re-captured, ``torch.OutOfMemoryError`` caught, cache emptied between
    tries): **planned / largest >= 0.9**.
 
+``--emulation ballast`` emulates the card the other way: a second process takes all the GPU's free memory but the
+card's size (``BALLAST``), and this one runs *uncapped*, so the limit is the driver's, as on a real card of that
+size. Under ``set_per_process_memory_fraction`` PyTorch's allocator charges the whole rounded request before it
+grows an expandable segment, even when the growth reuses the segment's free end (``alloc_block``; the allocator
+model's docstring): a capture can then be refused memory that a real card of that size would map. The default is
+the fraction, as the issue asks.
+
 Any exception in one card is recorded in that card's row and the sweep goes on. Prints one table, writes JSON.
 
     python benchmarks/budget_sweep.py --out budget_sweep.json                 # all 7 cards, ~5 min on an H200
@@ -54,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="budget_sweep.json", help="JSON results file")
     parser.add_argument("--epochs", type=int, default=2, help="short training epochs per card")
     parser.add_argument("--card-timeout", type=float, default=150.0, help="seconds before a card is abandoned")
+    parser.add_argument("--emulation", choices=("fraction", "ballast"), default="fraction",
+                        help="cap PyTorch's allocator (fraction) or fill the rest of the GPU from another process "
+                             "(ballast)")
     parser.add_argument("--total-seconds", type=float, default=480.0,
                         help="time budget of the whole sweep: cards not started by then are skipped")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -130,7 +140,11 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
     config = sweep_config(args.set)
     driver_budget = planned_driver_bytes(config, info)
     allocator_cap = cap - driver_budget
-    torch.cuda.set_per_process_memory_fraction(allocator_cap / total, device)
+    row.update(emulation=args.emulation)
+    if args.emulation == "ballast":
+        row["ballast_free_bytes"] = hold_ballast(cap - reserved, device)  # kept until this process exits
+    else:
+        torch.cuda.set_per_process_memory_fraction(allocator_cap / total, device)
     row.update(cap_bytes=cap, emulated_free_bytes=info.free_bytes, driver_budget_bytes=driver_budget,
                allocator_cap_bytes=allocator_cap, gpu=props.name, torch=torch.__version__)
 
@@ -232,6 +246,43 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
     return row
 
 
+BALLAST = """
+import sys, torch
+target = int(sys.argv[1])  # leave this many bytes free on the device
+held = []
+while True:
+    free, _ = torch.cuda.mem_get_info()
+    excess = (free - target) // (2 << 20) * (2 << 20)  # whole 2 MiB: cudaMalloc's granularity here
+    if excess <= 0:
+        break
+    held.append(torch.empty(excess, dtype=torch.uint8, device="cuda"))
+print(torch.cuda.mem_get_info()[0], flush=True)
+sys.stdin.read()  # hold the memory until the card's process closes the pipe (or exits)
+"""
+
+
+_ballast: list = []  # the ballast process of this card's process
+
+
+def hold_ballast(free_bytes: int, device) -> int:
+    """Start a process that takes the GPU's free memory down to ``free_bytes`` (its own context included) and
+    holds it while this process lives; returns the free bytes it left (driver-level, ``mem_get_info``)."""
+    import torch
+
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
+           "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", str(device.index or 0))}
+    process = subprocess.Popen([sys.executable, "-c", BALLAST, str(free_bytes)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, env=env)
+    _ballast.append(process)
+    line = process.stdout.readline()
+    if not line.strip():
+        raise RuntimeError(f"the ballast process exited ({process.wait()}) before holding its memory")
+    left, _ = torch.cuda.mem_get_info(device)
+    if left > free_bytes + (64 << 20) or left < free_bytes - (64 << 20):
+        raise RuntimeError(f"the ballast left {left} B free, not {free_bytes} B")
+    return int(left)
+
+
 def planned_driver_bytes(config, info) -> int:
     """The driver-side bytes the plan budgets for this device (its ``cuda_driver`` component)."""
     from fitdqn.budget.build import device_overhead_components
@@ -259,7 +310,7 @@ def run_child(gib: float, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         result = Path(folder) / "card.json"
         command = [sys.executable, __file__, "--child", str(gib), "--result", str(result),
-                   "--epochs", str(args.epochs)]
+                   "--epochs", str(args.epochs), "--emulation", args.emulation]
         for item in args.set:
             command += ["--set", item]
         started = time.perf_counter()

@@ -32,7 +32,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 
-def record(card: float, out: str) -> None:
+def record(card: float, out: str, emulation: str = "fraction") -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from fitdqn.device.probe import configure_allocator
 
@@ -51,7 +51,8 @@ def record(card: float, out: str) -> None:
 
     torch._C._cuda_attach_out_of_memory_observer(on_oom)
     row: dict = {}
-    budget_sweep.run_card(card, budget_sweep.parse_args(["--cards", str(card), "--epochs", "1"]), row)
+    args = budget_sweep.parse_args(["--cards", str(card), "--epochs", "1", "--emulation", emulation])
+    budget_sweep.run_card(card, args, row)
     print({key: row.get(key) for key in ("planned_batch", "largest_batch", "ooms", "oom_events", "status")})
     if not dumped:
         print("no OOM: nothing recorded")
@@ -116,12 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     rec = sub.add_parser("record", help="run one emulated card with allocator history; snapshot at the first OOM")
     rec.add_argument("--card", type=float, default=4.0, help="emulated card size in GiB")
     rec.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "oom_snapshot.pickle"))
+    rec.add_argument("--emulation", choices=("fraction", "ballast"), default="fraction",
+                     help="how the card is emulated (budget_sweep.py --emulation)")
     rep = sub.add_parser("replay", help="replay a snapshot's newest graph capture through the allocator model")
     rep.add_argument("snapshot")
     rep.add_argument("--cap-bytes", type=int, help="the allocator cap the card ran under (allocator_cap_bytes)")
     args = parser.parse_args(argv)
     if args.command == "record":
-        record(args.card, args.out)
+        record(args.card, args.out, args.emulation)
     else:
         replay(args.snapshot, args.cap_bytes)
     return 0
