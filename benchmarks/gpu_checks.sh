@@ -3,6 +3,7 @@
 #
 #   OUT=results_dir bash benchmarks/gpu_checks.sh tests    # the CUDA tests (about 5 min on an H200)
 #   OUT=results_dir bash benchmarks/gpu_checks.sh sweep    # emulated cards 1.7 .. 80 GiB (about 5 min)
+#   OUT=results_dir bash benchmarks/gpu_checks.sh ballast  # the same cards, emulated by a ballast process
 #   OUT=results_dir bash benchmarks/gpu_checks.sh speed    # update times, kernel launch shapes, graph pool (about 4 min)
 #
 # Logs and JSON go to $OUT (default gpu_results/). Run from the repository root with fitdqn importable
@@ -24,6 +25,11 @@ case "${1:-}" in
     timeout 560 python3 benchmarks/budget_sweep.py --cards 1.7,4,8,16,24,40,80 --total-seconds 540 \
       --card-timeout 80 --out "$out/budget_sweep.json" > "$out/budget_sweep.log" 2>&1
     tail -14 "$out/budget_sweep.log" ;;
+  ballast)
+    step "budget sweep, ballast emulation"
+    timeout 560 python3 benchmarks/budget_sweep.py --cards 1.7,4,8,16,24,40,80 --emulation ballast \
+      --total-seconds 540 --card-timeout 80 --out "$out/budget_sweep_ballast.json" > "$out/budget_sweep_ballast.log" 2>&1
+    tail -14 "$out/budget_sweep_ballast.log" ;;
   speed)
     step "update"
     timeout 150 python3 benchmarks/bench_update.py --batches 64,256,1024,2048,4096,8192,16384 --iters 30 \
@@ -37,6 +43,6 @@ case "${1:-}" in
       --out "$out/graph_pool.json" > "$out/graph_pool.log" 2>&1
     tail -8 "$out/graph_pool.log" ;;
   *)
-    echo "usage: OUT=dir bash benchmarks/gpu_checks.sh tests|sweep|speed" >&2
+    echo "usage: OUT=dir bash benchmarks/gpu_checks.sh tests|sweep|ballast|speed" >&2
     exit 2 ;;
 esac
