@@ -28,8 +28,7 @@ import pickle
 import sys
 from pathlib import Path
 
-GIB = 1 << 30
-MIB = 1 << 20
+from fitdqn.budget.allocator_model import MIB
 
 
 def record(card: float, out: str, emulation: str = "fraction") -> None:
@@ -68,7 +67,8 @@ def source_line(entry: dict) -> str:
 def replay(path: str, cap_bytes: int | None = None) -> None:
     from fitdqn.budget.allocator_model import AllocatorCapExceeded, CachingAllocatorModel
 
-    snapshot = pickle.load(open(path, "rb"))
+    with open(path, "rb") as file:
+        snapshot = pickle.load(file)
     events = snapshot["device_traces"][0]
     pools = {}
     for segment in snapshot["segments"]:
@@ -101,6 +101,8 @@ def replay(path: str, cap_bytes: int | None = None) -> None:
                 print(f"the model serves it: the pool would then hold {model.reserved_bytes / MIB:.1f} MiB")
             except AllocatorCapExceeded as refused:
                 print(f"the model refuses it too (alloc_block's fraction check): {refused}")
+    print(f"the model's largest fraction-check charge over the replayed sequence: "
+          f"{model.charged_peak_bytes / MIB:.1f} MiB (pool reserved + the request, at a growth)")
     live_by_line = collections.Counter()
     for segment in snapshot["segments"]:
         for block in segment["blocks"]:
