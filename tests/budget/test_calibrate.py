@@ -180,7 +180,8 @@ def test_live_bytes_on_real_cpu_tensors_match_the_fake_trace():
     """The tracker runs on real tensors: on the CPU it sees exactly what the fake-tensor trace sees."""
     config = for_device(with_overrides(Config(), TINY), "cpu")
     make_step = make_train_step(config, 1200, 16 * 64)
-    first, second = live_bytes_step(make_step, 16, "cpu"), live_bytes_step(make_step, 48, "cpu")
+    # batch >= 32: at 16 this tiny net's peak is in the C51 head's folded-weight build (batch-independent bytes)
+    first, second = live_bytes_step(make_step, 32, "cpu"), live_bytes_step(make_step, 48, "cpu")
     fake = trace_step_memory(make_step, 48, "cpu")
     assert second.step_bytes == fake.step_bytes > first.step_bytes > 0
     assert second.step_by_group == fake.step_by_group

@@ -123,3 +123,24 @@ def test_qnetwork_and_value_net_shapes():
     assert q.shape == (3, 3, 5) and torch.all(q.abs() <= SMALL.v_max)
     assert net.quantiles(features, torch.rand(3, 7)).shape == (3, 7, 3, 5)
     assert ValueNet(10, 16)(obs[:, -1]).shape == (3,)
+
+
+@pytest.mark.parametrize("branches", [(5, 5, 5), (5, 3, 4), (2,)])
+def test_folded_c51_head_equals_per_branch_dueling_with_the_same_gradients(branches):
+    torch.manual_seed(0)
+    head = BranchingDuelingC51(16, 8, branches, 11).double()
+    features = torch.randn(7, 16, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(7, len(branches), max(branches), 11, dtype=torch.float64)
+    folded, plain = head(features), head.reference(features)
+    torch.testing.assert_close(folded, plain)
+    params = [features, *head.parameters()]
+    grads_folded = torch.autograd.grad((folded * upstream).sum(), params)
+    grads_plain = torch.autograd.grad((plain * upstream).sum(), params)
+    for got, expected in zip(grads_folded, grads_plain, strict=True):
+        torch.testing.assert_close(got, expected)
+    # the padding rows of the output layers (aligned widths) never get a gradient
+    by_name = dict(zip([name for name, _ in head.named_parameters()], grads_folded[1:], strict=True))
+    for index, n in enumerate(branches):
+        assert torch.all(by_name[f"advantages.{index}.weight"][n * 11:] == 0)
+    assert torch.all(by_name["value.weight"][11:] == 0)
+

@@ -144,7 +144,7 @@ class Learner:
             v_next = self.value(next_obs[:, -1]).unsqueeze(-1)  # [B, 1]
             rewards = reward.unsqueeze(-1) + discount.unsqueeze(-1) * (v_next - next_q)  # target mean r + d V(s')
             next_quantiles = next_quantiles + (v_next - next_quantiles.mean(1)).unsqueeze(1)
-        c51_target = categorical_projection(next_probs, rewards, discount, target.support)  # [B, br, A]
+        c51_target = categorical_projection(next_probs, rewards, discount, target.support, fused=self.fused)
         iqn_target = reward.view(-1, 1, 1) + discount.view(-1, 1, 1) * next_quantiles  # [B, N', br]
         return c51_target, iqn_target, v_target
 

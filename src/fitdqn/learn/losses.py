@@ -7,33 +7,79 @@ from __future__ import annotations
 
 import torch
 
+from fitdqn.learn.projection_op import project_positions
 from fitdqn.learn.quantile_huber_op import quantile_huber
 
 
 @torch.no_grad()
 def categorical_projection(
-    next_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor
+    next_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor,
+    fused: bool = False,
 ) -> torch.Tensor:
     """Project ``r + discount * z`` onto the support (C51's Phi operator); a target, so no gradient.
 
     ``next_probs [B, ..., A]`` (target distributions), ``rewards``/``discounts`` ``[B]`` or broadcastable to
     the leading dims of ``next_probs`` (``discount = gamma^n * (1 - done)``), ``support [A]`` evenly spaced.
-    Returns ``[B, ..., A]``. Shifted atoms are clamped to [v_min, v_max]; the mass of an atom landing at
-    ``Tz`` goes to its two neighbours in proportion to closeness, written as the hat function
-    ``max(0, 1 - |Tz_j - z_i| / dz)`` (an atom landing exactly on z_i gives all its mass to z_i). The dense
-    ``[B, ..., A, A]`` form is deterministic on CUDA (no scatter-add atomics) and costs A^2 fp32 per
-    distribution as a transient (31 KB per sample for 3 branches x 51 atoms). The product runs in fp32 even
-    under autocast (which would round the target distribution to bf16, about 3 significant digits).
+    Returns ``[B, ..., A]`` fp32. Shifted atoms are clamped to [v_min, v_max]; the mass of an atom landing at
+    fractional index ``x_j = (Tz_j - v_min) / dz`` goes to its two neighbours in proportion to closeness,
+    written as the hat function ``max(0, 1 - |x_j - i|)`` (an atom landing exactly on i gives all its mass to i).
+    The dense hat is deterministic on CUDA (no scatter-add atomics) and runs in fp32 even under autocast (which
+    would round the target distribution to bf16, about 3 significant digits).
+
+    ``fused``: run the operator ``fitdqn::categorical_projection`` (:mod:`fitdqn.learn.projection_op`): on CUDA
+    a Triton kernel that forms the hat in registers and writes only the result; elsewhere the dense form. Else
+    the dense form here, one ``[A, A]`` hat per sample shared by its branches when the rewards are.
     """
-    rewards = rewards.reshape(rewards.shape + (1,) * (next_probs.dim() - rewards.dim()))
-    discounts = discounts.reshape(discounts.shape + (1,) * (next_probs.dim() - discounts.dim()))
-    shifted = rewards + discounts * support  # [B, ..., A] (j)
-    shifted = shifted.clamp(support[0], support[-1])
-    delta = support[1] - support[0]
-    hat = shifted.unsqueeze(-2) - support.unsqueeze(-1)  # [B, ..., A (i), A (j)]
-    hat = hat.abs_().div_(delta).neg_().add_(1.0).clamp_(min=0.0)
-    with torch.autocast(hat.device.type, enabled=False):  # a matmul: autocast would run it in bf16
-        return (hat @ next_probs.unsqueeze(-1).to(hat.dtype)).squeeze(-1)  # [B, ..., A]
+    atoms = next_probs.shape[-1]
+    positions = _atom_positions(next_probs.dim(), rewards, discounts, support)  # [B, ..., A], 1 where shared
+    if not fused:
+        return _project_dense(next_probs, positions)
+    flat_probs = next_probs.to(torch.float32).reshape(-1, atoms).contiguous()  # [R, A]
+    flat_positions = positions.expand(next_probs.shape).reshape(-1, atoms).contiguous()  # [R, A]
+    return project_positions(flat_probs, flat_positions).view(next_probs.shape)
+
+
+def _atom_positions(dims: int, rewards: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor
+                    ) -> torch.Tensor:
+    """Where each shifted atom lands, in atoms: ``x_j = (clamp(r + discount z_j, v_min, v_max) - v_min) / dz``.
+
+    ``[B, ..., A]`` fp32 with ``dims`` dims, 1 along the dims where rewards and discounts do not vary (small:
+    ``[B, 1, A]`` for rewards ``[B]``). Written ``(r - (1 - discount) v_min) / dz + discount j``, the same
+    maths with j an exact integer, and clamped to [0, A - 1] so that the ends are exact: an atom clamped to
+    v_max sits exactly on atom A - 1 (no mass leaks past the last atom, none onto A - 2).
+    """
+    atoms = support.shape[0]
+    rewards = rewards.to(torch.float32).reshape(rewards.shape + (1,) * (dims - rewards.dim()))
+    discounts = discounts.to(torch.float32).reshape(discounts.shape + (1,) * (dims - discounts.dim()))
+    v_min, v_max = support[0].to(torch.float32), support[-1].to(torch.float32)
+    dz = (v_max - v_min) / (atoms - 1)
+    start = (rewards - (1.0 - discounts) * v_min) / dz  # [B, ..., 1]: where atom 0 lands
+    steps = torch.arange(atoms, device=support.device, dtype=torch.float32)  # [A] (j)
+    return torch.addcmul(start, discounts, steps).clamp_(0.0, atoms - 1.0)  # [B, ..., A]
+
+
+def _project_dense(probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``sum_j probs_j max(0, 1 - |positions_j - i|)`` as products with dense hats: ``probs [B, ..., A]``,
+    ``positions`` broadcastable to it -> ``[B, ..., A]`` fp32.
+
+    Where the positions are the same for all branches of a sample, one hat ``[B, A, A]`` serves them all in a
+    batched matmul ``[B, br, A] @ [B, A, A]`` (broadcasting a shared hat through ``matmul`` would copy it once
+    per branch); else one hat per distribution, ``[B, ..., 1, A] @ [B, ..., A, A]``.
+    """
+    with torch.autocast(probs.device.type, enabled=False):  # a matmul: autocast would run it in bf16
+        probs = probs.to(torch.float32)
+        batch, branches, atoms = probs.shape[0], probs.shape[1:-1].numel(), probs.shape[-1]
+        if positions.shape[1:-1].numel() == 1:  # shared by the branches
+            hat = _hat(positions.reshape(-1, atoms).expand(batch, atoms))  # [B, A (j), A (i)]
+            return torch.bmm(probs.reshape(batch, branches, atoms), hat).view(probs.shape)
+        hat = _hat(positions.expand(probs.shape))  # [B, ..., A (j), A (i)]
+        return (probs.unsqueeze(-2) @ hat).squeeze(-2)
+
+
+def _hat(positions: torch.Tensor) -> torch.Tensor:
+    """``positions [..., A]`` -> ``[..., A (j), A (i)]``: ``max(0, 1 - |positions_j - i|)``, four passes."""
+    targets = torch.arange(positions.shape[-1], device=positions.device, dtype=positions.dtype)  # [A] (i)
+    return (1.0 - (positions.unsqueeze(-1) - targets).abs_()).clamp_(min=0.0)
 
 
 def quantile_huber_loss(

@@ -2,8 +2,9 @@
 
 ``'triton'``: the fused operators, each a PyTorch custom op with Triton kernels on CUDA and plain maths
 elsewhere: the IQN head (``fitdqn::iqn_quantile_head``), the attention core (``fitdqn::last_token_attention``)
-and the quantile Huber loss (``fitdqn::quantile_huber``). ``'torch'``: plain PyTorch ops: the chunked IQN head,
-the elementwise attention and the closed-form loss. ``'auto'``: Triton for a CUDA device where Triton is
+the quantile Huber loss (``fitdqn::quantile_huber``) and C51's projection (``fitdqn::categorical_projection``).
+``'torch'``: plain PyTorch ops: the chunked IQN head, the elementwise attention, the closed-form loss and the dense
+projection. ``'auto'``: Triton for a CUDA device where Triton is
 installed, else torch.
 """
 
