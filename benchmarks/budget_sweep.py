@@ -37,6 +37,7 @@ Any exception in one card is recorded in that card's row and the sweep goes on. 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
@@ -145,6 +146,8 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
         row["ballast_free_bytes"] = hold_ballast(cap - reserved, device)  # kept until this process exits
     else:
         torch.cuda.set_per_process_memory_fraction(allocator_cap / total, device)
+        # the planner budgets the capped allocator's whole-request charge (its ``allocator_cap`` component)
+        info = dataclasses.replace(info, allocator_limit_bytes=allocator_cap)
     row.update(cap_bytes=cap, emulated_free_bytes=info.free_bytes, driver_budget_bytes=driver_budget,
                allocator_cap_bytes=allocator_cap, gpu=props.name, torch=torch.__version__)
 

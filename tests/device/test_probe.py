@@ -33,3 +33,18 @@ def test_cuda_probe_matches_driver():
     assert info.total_bytes == total
     assert abs(info.free_bytes - free) < 64 * 2**20
     assert info.name == torch.cuda.get_device_name()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_probe_sees_the_per_process_memory_fraction():
+    if not hasattr(torch.cuda, "get_per_process_memory_fraction"):
+        pytest.skip("this PyTorch cannot report the fraction")
+    _, total = torch.cuda.mem_get_info()
+    assert probe("cuda").allocator_limit_bytes is None
+    torch.cuda.set_per_process_memory_fraction(0.25)
+    try:
+        info = probe("cuda")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert info.allocator_limit_bytes == pytest.approx(0.25 * total, abs=1)
+    assert info.free_bytes <= info.allocator_limit_bytes - torch.cuda.memory_reserved()

@@ -23,6 +23,10 @@ class DeviceInfo:
     compute_capability: tuple[int, int] | None
     bf16: bool
     what_if: bool = False
+    # PyTorch's cap on its allocator (``set_per_process_memory_fraction``: fraction x total), None if uncapped.
+    # Under a cap the allocator charges a whole request before it grows a segment (the planner's
+    # ``allocator_cap`` component), and ``free_bytes`` is at most the cap less what the allocator reserved.
+    allocator_limit_bytes: int | None = None
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -73,15 +77,29 @@ def probe(spec: str = "auto") -> DeviceInfo:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         free, total = torch.cuda.mem_get_info(device)  # host sync: driver query
+        limit = allocator_limit(device, total)
+        if limit is not None:
+            free = min(free, max(limit - torch.cuda.memory_reserved(device), 0))
         return DeviceInfo(
             name=props.name, kind="cuda", index=device.index, total_bytes=int(total), free_bytes=int(free),
             compute_capability=(props.major, props.minor), bf16=torch.cuda.is_bf16_supported(),
+            allocator_limit_bytes=limit,
         )
     total, free = system_memory()
     return DeviceInfo(
         name=cpu_name(), kind="cpu", index=None, total_bytes=total, free_bytes=free,
         compute_capability=None, bf16=True,
     )
+
+
+def allocator_limit(device: torch.device, total_bytes: int) -> int | None:
+    """The bytes PyTorch lets its allocator hold on ``device`` (``allowed_memory_maximum``: the per-process
+    memory fraction x total), or None when no fraction is set (or this PyTorch cannot say)."""
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if fraction is None:
+        return None
+    value = float(fraction(device))
+    return int(value * total_bytes) if value < 1.0 else None
 
 
 def what_if(name: str, total_bytes: int | None, free_bytes: int | None) -> DeviceInfo:
