@@ -146,7 +146,8 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
         row["ballast_free_bytes"] = hold_ballast(cap - reserved, device)  # kept until this process exits
     else:
         torch.cuda.set_per_process_memory_fraction(allocator_cap / total, device)
-        # the planner budgets the capped allocator's whole-request charge (its ``allocator_cap`` component)
+        # the trainer maps the update graph's pool before capturing it (``fitdqn.device.graphs``): the capped
+        # allocator charges a growth its whole request
         info = dataclasses.replace(info, allocator_limit_bytes=allocator_cap)
     row.update(cap_bytes=cap, emulated_free_bytes=info.free_bytes, driver_budget_bytes=driver_budget,
                allocator_cap_bytes=allocator_cap, gpu=props.name, torch=torch.__version__)

@@ -27,13 +27,11 @@ from fitdqn.budget.allocator_model import (
     expandable_segments_enabled,
     graph_pool_bytes,
     graph_pool_fit,
-    largest_growth_charge,
     pool_usage,
     replay_events,
 )
 from fitdqn.budget.build import (
     GRAPH_POOL_BATCHES,
-    allocator_cap_component,
     cuda_graphs_component,
     make_train_step,
     trace_config,
@@ -381,58 +379,6 @@ def test_cuda_graphs_component_is_zero_without_graphs():
     cpu = dataclasses.replace(device, kind="cpu")
     none = cuda_graphs_component(small_config(), cpu, config, "", 6000, 128 * 64)
     assert (none.fixed_bytes, none.per_sample_bytes) == (0, 0) and "no CUDA graphs" in none.derived_from
-
-
-def test_largest_growth_charge_is_get_allocation_size_of_the_largest_request():
-    events = [("alloc", 1, 512), ("alloc", 2, 5 * MIB), ("free", 1, 512), ("alloc", 3, 100 * MIB + 1)]
-    assert largest_growth_charge(events) == 102 * MIB  # 100 MiB + 1 B rounded up to 2 MiB (kRoundLarge)
-    assert largest_growth_charge(events[:2]) == LARGE_BUFFER  # a 5 MiB request is charged a 20 MiB segment
-    assert largest_growth_charge(events[:1]) == SMALL_BUFFER
-    assert largest_growth_charge([]) == 0
-
-
-@pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("expandable", [False, True])
-def test_a_cap_with_the_largest_charge_above_the_pool_is_never_refused(seed, expandable):
-    """The bound ``allocator_cap`` budgets: pool's final bytes + ``largest_growth_charge``; one byte less than the
-    log's own largest charge is refused (so the check is live in these logs)."""
-    events = random_log(seed)
-    outside = 7 * MIB
-
-    def replay_capped(limit: int | None) -> CachingAllocatorModel:
-        allocator = CachingAllocatorModel(expandable, limit_bytes=limit, outside_bytes=outside)
-        live = {}
-        for op, key, nbytes in events:
-            if op == "alloc":
-                live[key] = allocator.malloc(nbytes)
-            else:
-                allocator.free(live.pop(key))
-        return allocator
-
-    uncapped = replay_capped(None)
-    replay_capped(outside + uncapped.reserved_bytes + largest_growth_charge(events))
-    with pytest.raises(AllocatorCapExceeded):
-        replay_capped(outside + uncapped.charged_peak_bytes - 1)
-
-
-def test_allocator_cap_component_only_under_a_cap(monkeypatch):
-    for variable in ALLOC_CONF_VARIABLES:
-        monkeypatch.delenv(variable, raising=False)  # fitdqn's default: expandable segments
-    config = small_config()
-    device = what_if("h200", 141 * 2**30, 140 * 2**30)
-    traced, _ = trace_config(config, device)
-    key = str(config_to_dict(traced))
-    assert allocator_cap_component(device, traced, key, 6000, 128 * 64) is None
-    capped = dataclasses.replace(device, allocator_limit_bytes=100 * 2**30)
-    component = allocator_cap_component(capped, traced, key, 6000, 128 * 64)
-    batch = max(GRAPH_POOL_BATCHES)
-    trace = trace_step_memory(make_train_step(traced, 6000, 128 * 64), batch, "cuda", record_events=True)
-    assert component.name == "allocator_cap" and component.fixed_bytes == 0
-    assert component.per_sample_bytes == -(-largest_growth_charge(trace.events) // batch) > 0
-    assert str(100 * 2**30) in component.derived_from
-    # without expandable segments a growth is a new segment of exactly the charged size: nothing to add
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
-    assert allocator_cap_component(capped, traced, key, 6000, 128 * 64) is None
 
 
 # ------------------------------------------------------------------------------------------ a real GPU

@@ -420,15 +420,6 @@ def pool_usage(trace: StepTrace, expandable: bool = True) -> PoolUsage:
     return replay_events(trace.events, expandable)
 
 
-def largest_growth_charge(events: Iterable[AllocEvent | tuple[str, int, int]]) -> int:
-    """The most a fraction-capped allocator can charge beyond what it maps for one request of the log:
-    ``get_allocation_size`` of its largest request. ``alloc_block`` checks ``reserved + get_allocation_size
-    (request)`` before a growth that may reuse the segment's free end (module docstring); reserved never
-    exceeds the pool's final bytes (nothing is released in a capture), so a cap that leaves this much above
-    them is never refused, whichever request makes a growth."""
-    return max((allocation_size(round_size(nbytes)) for op, _, nbytes in events if op == "alloc"), default=0)
-
-
 def graph_pool_bytes(trace: StepTrace, expandable: bool = True) -> int:
     """Bytes a CUDA graph capturing the traced step keeps reserved in its private pool (module docstring)."""
     return pool_usage(trace, expandable).reserved_bytes

@@ -13,11 +13,6 @@
   the step's live peak (segments, page rounding, fragmentation): the traced step's allocations replayed
   through a model of the caching allocator (``fitdqn.budget.allocator_model``), minus the live peak the
   components above already budget, at ``GRAPH_POOL_BATCHES``.
-- ``allocator_cap``: only under PyTorch's per-process memory cap (``DeviceInfo.allocator_limit_bytes``) with
-  expandable segments: before growing a segment the capped allocator charges the whole request on top of
-  what is mapped, even when the growth reuses the segment's free end, so the largest request of the traced
-  step is kept free above everything else (``allocator_model.largest_growth_charge``). A worst case: on an
-  H200 it cost a fifth of the batch (BENCHMARKS.md).
 
 The training step traced is the one the trainer captures: ``replay.sample -> Learner.update ->
 replay.update_priorities``, on fake tensors (``fitdqn.budget.trace``), at two batch sizes.
@@ -36,7 +31,6 @@ from fitdqn.budget.allocator_model import (
     SMALL_BUFFER,
     expandable_segments_enabled,
     graph_pool_fit,
-    largest_growth_charge,
     pool_usage,
 )
 from fitdqn.budget.component import Component
@@ -222,25 +216,6 @@ def cuda_graphs_component(config: Config, device: DeviceInfo, traced_config: Con
     return Component("cuda_graphs", fixed, per_sample, text + (f" ({note})" if note else ""))
 
 
-def allocator_cap_component(device: DeviceInfo, traced_config: Config, config_key: str, num_bars: int,
-                            capacity: int, anchor: int | None = None) -> Component | None:
-    """Under PyTorch's per-process memory cap, the largest request of the traced step (at ``anchor``, else the
-    larger graph-pool batch), in proportion to the batch: what the allocator's check may charge beyond the
-    pages it maps (module docstring). None when the allocator is not capped, or runs without expandable
-    segments: then each growth is a new segment of exactly the charged size, which the pool's bytes hold."""
-    if device.kind != "cuda" or device.allocator_limit_bytes is None or not expandable_segments_enabled():
-        return None
-    batch = anchor or max(GRAPH_POOL_BATCHES)
-    trace = _step_trace(config_key, traced_config, num_bars, capacity, "cuda", batch, True)
-    largest = largest_growth_charge(trace.events)
-    return Component(
-        "allocator_cap", 0, -(-largest // batch),
-        f"PyTorch caps its allocator at {device.allocator_limit_bytes} B (per-process memory fraction): a growth "
-        f"is charged its whole request, so the traced update's largest ({largest} B at batch {batch}) is kept "
-        "free, in proportion",
-    )
-
-
 def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anchor: int | None = None
                      ) -> tuple[list[Component], int]:
     """Every consumer, in any order (the planner orders them), and the planned replay capacity.
@@ -303,8 +278,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     ))
     components.append(cuda_graphs_component(config, device, traced_config, key, inputs.num_bars, capacity, note,
                                             anchor))
-    cap = allocator_cap_component(device, traced_config, key, inputs.num_bars, capacity, anchor)
-    return components + ([cap] if cap is not None else []), capacity
+    return components, capacity
 
 
 def profile_driver_bytes(config: Config, device: DeviceInfo) -> tuple[int, str]:

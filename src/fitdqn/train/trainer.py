@@ -135,8 +135,17 @@ class Trainer:
             self.updates_done += 1
 
         self.update_graph, _ = capture_graph(counted_update, self.device, self.capture_stream, warmup=2,
-                                             generators=(self.sample_generator,))
+                                             generators=(self.sample_generator,), premap_bytes=self._premap_bytes())
         self.updates_done -= 1  # the captured call is recorded, not run
+
+    def _premap_bytes(self) -> int:
+        """Under PyTorch's per-process memory cap, what the plan budgets for the update graph's pool at this
+        batch (every per-sample byte of the step, and the pool's pages), mapped before the capture
+        (``device.graphs``: the capped allocator would charge a growth its whole request); else 0."""
+        if self.device_info.allocator_limit_bytes is None:
+            return 0
+        pages = sum(c.fixed_bytes for c in self.plan.components if c.name == "cuda_graphs")
+        return self.plan.per_sample_bytes * self.batch_size + pages
 
     @property
     def graphs_enabled(self) -> bool:
