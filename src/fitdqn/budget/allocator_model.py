@@ -59,7 +59,8 @@ at two revisions (an older one, and a newer one whose ``ExpandableSegment`` take
   capture nothing is released: the capture OOMs. ``charged_peak_bytes`` is the largest such charge of this
   pool; ``limit_bytes``/``outside_bytes`` make the model raise ``AllocatorCapExceeded`` as the allocator
   would. A real card's limit is physical (``cuMemCreate`` of the pages actually mapped), so this applies to
-  emulated (fraction-capped) cards only.
+  fraction-capped processes only; under a cap the trainer maps the update graph's pool before capturing it
+  (``fitdqn.device.graphs``), so the capture does not grow it.
 
 Not in the log, so not in the model: what libraries take through the allocator outside ATen ops' outputs,
 chiefly the cuBLAS/cuBLASLt workspace a capture stream gets at its first matmul if nothing warmed that
