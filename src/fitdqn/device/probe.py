@@ -24,8 +24,9 @@ class DeviceInfo:
     bf16: bool
     what_if: bool = False
     # PyTorch's cap on its allocator (``set_per_process_memory_fraction``: fraction x total), None if uncapped.
-    # Under a cap the allocator charges a whole request before it grows a segment (the planner's
-    # ``allocator_cap`` component), and ``free_bytes`` is at most the cap less what the allocator reserved.
+    # Under a cap the allocator charges a whole request before it grows a segment, so the trainer maps the update
+    # graph's pool before capturing it (``device.graphs``); ``free_bytes`` is at most the cap less what the
+    # allocator reserved.
     allocator_limit_bytes: int | None = None
 
     def to_json(self) -> dict:
