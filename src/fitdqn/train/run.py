@@ -5,13 +5,24 @@ Run directory::
     config.toml      the config used (resume reads it back)
     plan.json        the memory plan, plus what the device reported after allocating
     metrics.jsonl    one line per epoch / evaluation; tensorboard/ holds the same scalars
-    checkpoint.pt    the latest checkpoint (atomic write; loads with weights_only=True)
+    checkpoint.pt    the latest checkpoint, always at an epoch boundary (atomic write; loads with weights_only=True)
     report.json, report.md, equity_test.png, learning_curves.png, vram.png
+
+A new run needs a new or empty folder; a run is continued only by ``resume``. The first Ctrl-C (SIGINT) or
+SIGTERM stops the run at the end of the current epoch, after saving a checkpoint; a second one stops at once
+and leaves the last checkpoint as it was. A resume rolls the logs back to what its checkpoint covers, so the
+resumed run's parameters and logs equal those of a run that was never stopped. A new run that fails or is
+stopped before its first checkpoint leaves no folder behind.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import json
+import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,46 +32,199 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fitdqn.budget.report import plot_plan, print_plan
-from fitdqn.config import Config, load_config
+from fitdqn.config import Config, TrainConfig, load_config, validate
 from fitdqn.device.probe import probe
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
-from fitdqn.train.checkpoint import atomic_write_text
+from fitdqn.files import remove_stale_temp_files
+from fitdqn.train.checkpoint import atomic_write_text, checkpoint_summary, load_checkpoint, save_checkpoint
 from fitdqn.train.evaluate import evaluate_split
-from fitdqn.train.logs import RunLogger, read_jsonl
+from fitdqn.train.logs import METRICS_NAME, TENSORBOARD_DIR, RunLogger, read_jsonl
 from fitdqn.train.memory_check import format_rows, peak_memory_row
 from fitdqn.train.oom import OomGuard
 from fitdqn.train.plots import plot_equity, plot_learning_curves
 from fitdqn.train.trainer import CHECKPOINT_NAME, Trainer, write_run_config
 
+CONFIG_NAME = "config.toml"
+RUN_FILES = ("config.toml", "plan.json", METRICS_NAME, TENSORBOARD_DIR, f"{TENSORBOARD_DIR}.rebuild", "*.pt",
+             "report.json", "report.md", "*.png", "evaluate_*.json", ".*.tmp")  # what fitdqn writes into a run
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run stopped on a signal (``signum``; the CLI exits with 128 + signum). ``saved``: at the end of an
+    epoch, with a checkpoint of it; else at once, the last checkpoint left as it was."""
+
+    def __init__(self, signum: int, message: str, saved: bool) -> None:
+        super().__init__(message)
+        self.signum, self.saved = signum, saved
+
+
+class StopRequests:
+    """SIGINT and SIGTERM while epochs run: the first asks for a stop at the end of the epoch, the second stops
+    at once (``Interrupted`` raised where the program is). Handlers are only installed in the main thread."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.signum: int | None = None
+        self.saved_epoch: int | None = None  # the last checkpoint's epoch, for the messages
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.previous = {}
+
+    def handle(self, signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            raise Interrupted(signum, f"{name}: stopped at once", saved=False)
+        self.signum = signum
+        self.console.print(
+            f"{name}: stopping at the end of this epoch, after saving a checkpoint; {name} again (Ctrl-C) "
+            f"stops at once and keeps {self.last_checkpoint()} as it is", style="yellow", highlight=False)
+
+    def last_checkpoint(self) -> str:
+        return "no checkpoint" if self.saved_epoch is None else f"the last checkpoint (epoch {self.saved_epoch})"
+
 
 def default_run_dir() -> Path:
-    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    """runs/<date>-<time>, with -2, -3, ... when that folder exists already (two runs started in one second)."""
+    base = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
 
 
 def resume_config(run_dir: Path) -> Config:
-    path = run_dir / "config.toml"
+    """The config of the run in ``run_dir``, less its time limit: a resume runs with a new one, or none."""
+    path = run_dir / CONFIG_NAME
     if not path.is_file():
-        raise UserError(f"'{run_dir}' has no config.toml: not a fitdqn run directory (fitdqn train --out writes one)")
-    return load_config(path)
+        raise UserError(f"'{run_dir}' has no {CONFIG_NAME}: not a fitdqn run directory (fitdqn train --out writes "
+                        "one)")
+    config = load_config(path)
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, minutes=TrainConfig().minutes))
+
+
+def is_run_file(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in RUN_FILES)
+
+
+def check_new_run_dir(run_dir: Path) -> None:
+    """A new run goes into a new or empty folder only; anything else is refused with what to do instead."""
+    if not run_dir.exists():
+        return
+    if not run_dir.is_dir():
+        raise UserError(f"--out '{run_dir}' is a file, not a folder: give a new folder for the run")
+    names = sorted(p.name for p in run_dir.iterdir())
+    if not names:
+        return
+    if CHECKPOINT_NAME in names and CONFIG_NAME in names:
+        raise UserError(f"'{run_dir}' already holds a run ({CHECKPOINT_NAME}): continue it with --resume "
+                        f"{run_dir}, or give another --out")
+    foreign = [n for n in names if not is_run_file(n)]
+    if CONFIG_NAME in names and not foreign:
+        raise UserError(f"'{run_dir}' holds a run that stopped before its first checkpoint: there is nothing to "
+                        "resume and fitdqn does not write over it; delete that folder or give another --out")
+    shown = ", ".join((foreign or names)[:5]) + (", ..." if len(foreign or names) > 5 else "")
+    raise UserError(f"'{run_dir}' is not empty and holds no fitdqn run ({shown}): a new run goes into a new or "
+                    "empty folder, so nothing there is written over; give another --out")
+
+
+def discard_new_run(run_dir: Path, created: bool, console: Console) -> None:
+    """A new run that ends before its first checkpoint leaves nothing: its files (or its folder) go."""
+    if not run_dir.is_dir():
+        return
+    if created:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:  # the folder was empty: everything in it is this run's
+        for path in run_dir.iterdir():
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+    console.print(f"no checkpoint was written: removed what the run had put in '{run_dir}'", style="dim",
+                  highlight=False)
+
+
+def save(trainer: Trainer, run_dir: Path, logger: RunLogger, replay: bool = True) -> dict[str, Any]:
+    """The latest checkpoint, at an epoch boundary, noting how many log records it covers."""
+    state = trainer.state_dict()
+    if not replay:
+        state.pop("replay")
+    state["logs"] = {"records": logger.records}
+    save_checkpoint(run_dir / CHECKPOINT_NAME, state)
+    return state
+
+
+def logs_covered(state: dict[str, Any], run_dir: Path) -> int:
+    """How many metrics.jsonl records the checkpoint covers (older checkpoints: the records up to its epoch)."""
+    if "logs" in state:
+        return int(state["logs"]["records"])
+    records = read_jsonl(run_dir / METRICS_NAME)
+    epoch = int(state["epoch"])
+    kept = 0
+    for record in records:
+        if record.get("step", 0) > epoch or (record.get("kind") != "epoch" and record.get("step", 0) == epoch):
+            break
+        kept += 1
+    return kept
+
+
+def checked_resume_state(config: Config, run_dir: Path, device: torch.device) -> dict[str, Any]:
+    """The checkpoint to resume from, refused early (before planning) when it cannot be continued."""
+    if not (run_dir / CHECKPOINT_NAME).is_file():
+        raise UserError(f"cannot resume: no {CHECKPOINT_NAME} in '{run_dir}'; start a new run without --resume")
+    remove_stale_temp_files(run_dir)  # a write killed midway: it never replaced anything
+    state = load_checkpoint(run_dir / CHECKPOINT_NAME, map_location=device)
+    epoch = int(state["epoch"])
+    if config.train.epochs < epoch:
+        raise UserError(f"the checkpoint in '{run_dir}' is at epoch {epoch} but train.epochs is "
+                        f"{config.train.epochs}: give --epochs above {epoch} to train on")
+    if "replay" not in state and config.train.epochs > epoch:
+        raise UserError(f"the checkpoint in '{run_dir}' was saved without its replay buffer (train.keep_replay = "
+                        "false): the run can be evaluated but not trained on; start a new run to train longer")
+    return state
 
 
 def train(config: Config, run_dir: Path, resume: bool = False, console: Console | None = None,
           trainer_hook=None) -> dict[str, Any]:
-    """Train (or resume) a run in ``run_dir``; returns the report."""
+    """Train (or resume) a run in ``run_dir``; returns the report.
+
+    Raises :class:`Interrupted` (a ``KeyboardInterrupt``) when SIGINT or SIGTERM stopped the run.
+    """
     console = console or Console()
-    if resume and not (run_dir / CHECKPOINT_NAME).is_file():
-        raise UserError(f"cannot resume: no {CHECKPOINT_NAME} in '{run_dir}'; start a new run without --resume")
-    if not resume and (run_dir / CHECKPOINT_NAME).exists():
-        raise UserError(f"'{run_dir}' already holds a run ({CHECKPOINT_NAME}): continue it with --resume "
-                        f"{run_dir}, or give another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    validate(config)
+    if not resume:
+        check_new_run_dir(run_dir)
+    created = not run_dir.exists()
+    try:
+        return run_epochs(config, run_dir, resume, console, trainer_hook)
+    except BaseException:
+        if not resume and not (run_dir / CHECKPOINT_NAME).exists():
+            discard_new_run(run_dir, created, console)
+        raise
+
+
+def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, trainer_hook) -> dict[str, Any]:
     device_info = probe(config.train.device)
+    state = checked_resume_state(config, run_dir, device_info.torch_device) if resume else None
+    run_dir.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(config, device_info)
     print_plan(trainer.plan, console)
-    if resume:
-        trainer.restore(run_dir)
-        console.print(f"resumed from {run_dir / CHECKPOINT_NAME} at epoch {trainer.epoch}")
+    if state is not None:
+        trainer.load_state_dict(state)
+        console.print(f"resumed from {run_dir / CHECKPOINT_NAME} at epoch {trainer.epoch}"
+                      + (f"; time limit {config.train.minutes:g} min" if config.train.minutes > 0 else ""),
+                      highlight=False)
     config = trainer.config  # with the device's auto values resolved: what a resume must use
     write_run_config(run_dir, config)
     plan_record = {**trainer.plan.to_json(),
@@ -74,11 +238,13 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     if trainer_hook is not None:
         trainer_hook(trainer)
 
-    logger = RunLogger(run_dir)
+    logger = RunLogger(run_dir, tensorboard=True, keep=None if state is None else logs_covered(state, run_dir))
     guard = OomGuard(trainer, console, logger)
     deadline = time.monotonic() + 60 * config.train.minutes if config.train.minutes > 0 else None
+    stop = StopRequests(console)
+    stop.saved_epoch = trainer.epoch if state is not None else None
     try:
-        with progress_bar(console) as progress:
+        with stop, progress_bar(console) as progress:
             task = progress.add_task("train", total=config.train.epochs, completed=trainer.epoch, status="")
             while trainer.epoch < config.train.epochs:
                 stats = guard.run_epoch()
@@ -94,17 +260,34 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
                 if not console.is_terminal:  # logs and pipes get one line per epoch instead of a live bar
                     console.print(f"epoch {stats.epoch}/{config.train.epochs}  {status_line(record)}",
                                   highlight=False)
-                if stats.epoch % config.train.checkpoint_every == 0:
-                    trainer.save(run_dir)
+                last = stats.epoch == config.train.epochs
+                if (stats.epoch % config.train.checkpoint_every == 0 or stop.signum is not None) and not last:
+                    save(trainer, run_dir, logger)
+                    stop.saved_epoch = stats.epoch
+                if stop.signum is not None and not last:
+                    name = signal.Signals(stop.signum).name
+                    raise Interrupted(stop.signum, f"{name}: stopped at the end of epoch {stats.epoch}", saved=True)
                 if deadline is not None and time.monotonic() > deadline:
-                    console.print(f"time limit of {config.train.minutes:g} min reached at epoch {stats.epoch}")
+                    console.print(f"time limit of {config.train.minutes:g} min reached at epoch {stats.epoch}; "
+                                  f"--resume {run_dir} continues (with a new --minutes, or none)", highlight=False)
                     break
-    except KeyboardInterrupt:
-        trainer.save(run_dir)
+            finished = trainer.epoch >= config.train.epochs
+            final = save(trainer, run_dir, logger, replay=config.train.keep_replay or not finished)
+            stop.saved_epoch = trainer.epoch
+    except KeyboardInterrupt as error:
         logger.close()
-        console.print(f"interrupted: checkpoint saved at epoch {trainer.epoch}; resume with --resume {run_dir}")
+        if isinstance(error, Interrupted) and error.saved:
+            console.print(f"{error}: checkpoint saved; resume with --resume {run_dir}", highlight=False)
+        elif stop.saved_epoch is not None:
+            console.print(f"stopped at once: {stop.last_checkpoint()} is intact; resume with --resume {run_dir}",
+                          highlight=False)
         raise
-    trainer.save(run_dir)
+    except BaseException:
+        logger.close()
+        raise
+    console.print(checkpoint_summary(run_dir / CHECKPOINT_NAME, final) + (
+        "; train.keep_replay = false leaves the replay out of a finished run's checkpoint" if "replay" in final
+        else "; without the replay (train.keep_replay = false)"), highlight=False)
     if trainer.device.type == "cuda":
         plan_record["peak"] = peak_memory_row(trainer.plan, torch.cuda.max_memory_reserved(trainer.device))
         for line in format_rows([plan_record["peak"]]):
