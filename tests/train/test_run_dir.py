@@ -77,3 +77,14 @@ def test_logs_roll_back_to_what_the_checkpoint_covers(tmp_path):
     logger.log(3, "epoch", {"loss": 30.0})
     logger.close()
     assert [(r["step"], r["loss"]) for r in read_jsonl(tmp_path / "metrics.jsonl")] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+
+
+def test_a_file_system_error_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch):
+    def denied(config, run_dir, resume):
+        raise PermissionError(13, "Permission denied", str(run_dir / "tensorboard"))
+
+    monkeypatch.setattr(run_module, "train", denied)
+    assert main(["train", "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"fitdqn train: error: file error at '{tmp_path / 'run' / 'tensorboard'}': permission denied: "
+                   "give a folder you can write to (EACCES)")
