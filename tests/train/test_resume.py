@@ -277,3 +277,13 @@ def test_resume_after_a_time_limit_takes_a_new_limit_or_none(tmp_path, monkeypat
     assert main(["train", "--resume", str(run)]) == 0
     assert main(["train", "--resume", str(run), "--minutes", "2"]) == 0
     assert seen == [0.0, 2.0]
+
+
+def test_a_signal_outside_the_epochs_stops_at_once(reference, small_config, tmp_path):
+    """SIGTERM while the run is set up (before any epoch): nothing to finish, so it stops there, leaving nothing."""
+    run = tmp_path / "runs" / "run"
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        train(small_config(**RUN), run, console=Console(quiet=True),
+              trainer_hook=lambda trainer: os.kill(os.getpid(), signal.SIGTERM))
+    assert stopped.value.signum == signal.SIGTERM and not stopped.value.saved
+    assert not (tmp_path / "runs").exists()  # nor the parent folder the run made

@@ -34,7 +34,9 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_NAME
         kept = read_jsonl(self.path)
+        self.dropped = 0  # records rolled back
         if keep is not None:
+            self.dropped = max(len(kept) - keep, 0)
             kept = kept[:keep]
             atomic_write_text(self.path, "".join(json_line(r) for r in kept))
         self.records = len(kept)
@@ -58,9 +60,11 @@ class RunLogger:
             add_scalars(self.writer, record)
 
     def close(self) -> None:
+        """Idempotent: the run closes its logger on every way out."""
         self.jsonl.close()
         if self.writer is not None:
             self.writer.close()
+            self.writer = None
 
 
 def make_record(step: int, kind: str, values: dict[str, Any]) -> dict[str, Any]:

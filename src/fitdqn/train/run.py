@@ -17,6 +17,7 @@ stopped before its first checkpoint leaves no folder behind.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import json
@@ -60,8 +61,9 @@ class Interrupted(KeyboardInterrupt):
 
 
 class StopRequests:
-    """SIGINT and SIGTERM while epochs run: the first asks for a stop at the end of the epoch, the second stops
-    at once (``Interrupted`` raised where the program is). Handlers are only installed in the main thread."""
+    """SIGINT and SIGTERM during a run. While the epochs run (:meth:`graceful`) the first asks for a stop at the
+    end of the epoch and the second stops at once; outside them (planning, the final report) the first stops at
+    once (``Interrupted`` raised where the program is). Handlers are only installed in the main thread."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -69,6 +71,7 @@ class StopRequests:
         self.console = console
         self.signum: int | None = None
         self.saved_epoch: int | None = None  # the last checkpoint's epoch, for the messages
+        self.in_epochs = False
         self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequests:
@@ -81,9 +84,17 @@ class StopRequests:
             signal.signal(s, handler)
         self.previous = {}
 
+    @contextlib.contextmanager
+    def graceful(self):
+        self.in_epochs = True
+        try:
+            yield
+        finally:
+            self.in_epochs = False
+
     def handle(self, signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
-        if self.signum is not None:
+        if self.signum is not None or not self.in_epochs:
             raise Interrupted(signum, f"{name}: stopped at once", saved=False)
         self.signum = signum
         self.console.print(
@@ -139,12 +150,15 @@ def check_new_run_dir(run_dir: Path) -> None:
                     "empty folder, so nothing there is written over; give another --out")
 
 
-def discard_new_run(run_dir: Path, created: bool, console: Console) -> None:
-    """A new run that ends before its first checkpoint leaves nothing: its files (or its folder) go."""
+def discard_new_run(run_dir: Path, created: list[Path], console: Console) -> None:
+    """A new run that ends before its first checkpoint leaves nothing: its files, and the folders it made, go."""
     if not run_dir.is_dir():
         return
     if created:
         shutil.rmtree(run_dir, ignore_errors=True)
+        for parent in created[1:]:  # e.g. runs/, when this run made it and nothing else is in it
+            with contextlib.suppress(OSError):
+                parent.rmdir()
     else:  # the folder was empty: everything in it is this run's
         for path in run_dir.iterdir():
             if path.is_dir():
@@ -199,33 +213,52 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
           trainer_hook=None) -> dict[str, Any]:
     """Train (or resume) a run in ``run_dir``; returns the report.
 
-    Raises :class:`Interrupted` (a ``KeyboardInterrupt``) when SIGINT or SIGTERM stopped the run.
+    Raises :class:`Interrupted` (a ``KeyboardInterrupt``) when SIGINT or SIGTERM stopped the run: during the
+    epochs the first signal stops at the end of the epoch, with a checkpoint; else, or at a second signal, at once.
     """
     console = console or Console()
     validate(config)
     if not resume:
         check_new_run_dir(run_dir)
-    created = not run_dir.exists()
+    created = missing_folders(run_dir)
+    stop = StopRequests(console)
     try:
-        return run_epochs(config, run_dir, resume, console, trainer_hook)
-    except BaseException:
+        with stop:
+            return run_epochs(config, run_dir, resume, console, trainer_hook, stop)
+    except BaseException as error:
+        if isinstance(error, Interrupted) and error.saved:
+            console.print(f"{error}: checkpoint saved; resume with --resume {run_dir}", highlight=False)
+        elif isinstance(error, KeyboardInterrupt) and stop.saved_epoch is not None:
+            console.print(f"stopped at once: {stop.last_checkpoint()} is intact; resume with --resume {run_dir}",
+                          highlight=False)
         if not resume and not (run_dir / CHECKPOINT_NAME).exists():
             discard_new_run(run_dir, created, console)
         raise
 
 
-def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, trainer_hook) -> dict[str, Any]:
+def missing_folders(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet (deepest first): what a run would create."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, trainer_hook,
+               stop: StopRequests) -> dict[str, Any]:
     device_info = probe(config.train.device)
     state = checked_resume_state(config, run_dir, device_info.torch_device) if resume else None
-    run_dir.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(config, device_info)
     print_plan(trainer.plan, console)
     if state is not None:
         trainer.load_state_dict(state)
+        stop.saved_epoch = trainer.epoch
         console.print(f"resumed from {run_dir / CHECKPOINT_NAME} at epoch {trainer.epoch}"
                       + (f"; time limit {config.train.minutes:g} min" if config.train.minutes > 0 else ""),
                       highlight=False)
     config = trainer.config  # with the device's auto values resolved: what a resume must use
+    run_dir.mkdir(parents=True, exist_ok=True)
     write_run_config(run_dir, config)
     plan_record = {**trainer.plan.to_json(),
                    "allocated": trainer.ledger.compare(trainer.plan, trainer.persistent_bytes())}
@@ -239,64 +272,62 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
         trainer_hook(trainer)
 
     logger = RunLogger(run_dir, tensorboard=True, keep=None if state is None else logs_covered(state, run_dir))
+    if logger.dropped:
+        console.print(f"metrics.jsonl and tensorboard/ rolled back to the checkpoint: {logger.dropped} record(s) "
+                      "of epochs after it dropped (they are run again)", highlight=False)
+    has_replay = state is None or "replay" in state
+    try:
+        run_loop(trainer, config, run_dir, console, logger, stop)
+        finished = trainer.epoch >= config.train.epochs
+        final = save(trainer, run_dir, logger, replay=has_replay and (config.train.keep_replay or not finished))
+        stop.saved_epoch = trainer.epoch
+        console.print(checkpoint_summary(run_dir / CHECKPOINT_NAME, final) + (
+            "; train.keep_replay = false leaves the replay out of a finished run's checkpoint" if "replay" in final
+            else "; without the replay buffer: it can be evaluated, not trained on"), highlight=False)
+        if trainer.device.type == "cuda":
+            plan_record["peak"] = peak_memory_row(trainer.plan, torch.cuda.max_memory_reserved(trainer.device))
+            for line in format_rows([plan_record["peak"]]):
+                console.print(line, highlight=False)
+        atomic_write_text(run_dir / "plan.json", json.dumps(plan_record, indent=2))
+        report = final_report(trainer, run_dir, console)
+        logger.log(trainer.epoch, "test", {"sharpe": report["test"]["agent"]["sharpe"]})
+    finally:
+        logger.close()
+    return report
+
+
+def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, logger: RunLogger,
+             stop: StopRequests) -> None:
+    """The epochs, until train.epochs, the time limit, or a stop request (then after saving this epoch)."""
     guard = OomGuard(trainer, console, logger)
     deadline = time.monotonic() + 60 * config.train.minutes if config.train.minutes > 0 else None
-    stop = StopRequests(console)
-    stop.saved_epoch = trainer.epoch if state is not None else None
-    try:
-        with stop, progress_bar(console) as progress:
-            task = progress.add_task("train", total=config.train.epochs, completed=trainer.epoch, status="")
-            while trainer.epoch < config.train.epochs:
-                stats = guard.run_epoch()
-                record = {"epoch": stats.epoch, "updates": stats.updates, "seconds": stats.seconds, **stats.values}
-                if stats.epoch % config.train.eval_every == 0 or stats.epoch == config.train.epochs:
-                    validation, _ = evaluate_split(trainer.learner, trainer.market_on_device, config, "validation",
-                                                   seeds=0)
-                    record["validation_sharpe"] = validation["agent"]["sharpe"]
-                    record["validation_return"] = validation["agent"]["total_return"]
-                trainer.history.append(record)
-                logger.log(stats.epoch, "epoch", record)
-                progress.update(task, completed=stats.epoch, status=status_line(record))
-                if not console.is_terminal:  # logs and pipes get one line per epoch instead of a live bar
-                    console.print(f"epoch {stats.epoch}/{config.train.epochs}  {status_line(record)}",
-                                  highlight=False)
-                last = stats.epoch == config.train.epochs
-                if (stats.epoch % config.train.checkpoint_every == 0 or stop.signum is not None) and not last:
-                    save(trainer, run_dir, logger)
-                    stop.saved_epoch = stats.epoch
-                if stop.signum is not None and not last:
-                    name = signal.Signals(stop.signum).name
-                    raise Interrupted(stop.signum, f"{name}: stopped at the end of epoch {stats.epoch}", saved=True)
-                if deadline is not None and time.monotonic() > deadline:
-                    console.print(f"time limit of {config.train.minutes:g} min reached at epoch {stats.epoch}; "
-                                  f"--resume {run_dir} continues (with a new --minutes, or none)", highlight=False)
-                    break
-            finished = trainer.epoch >= config.train.epochs
-            final = save(trainer, run_dir, logger, replay=config.train.keep_replay or not finished)
-            stop.saved_epoch = trainer.epoch
-    except KeyboardInterrupt as error:
-        logger.close()
-        if isinstance(error, Interrupted) and error.saved:
-            console.print(f"{error}: checkpoint saved; resume with --resume {run_dir}", highlight=False)
-        elif stop.saved_epoch is not None:
-            console.print(f"stopped at once: {stop.last_checkpoint()} is intact; resume with --resume {run_dir}",
-                          highlight=False)
-        raise
-    except BaseException:
-        logger.close()
-        raise
-    console.print(checkpoint_summary(run_dir / CHECKPOINT_NAME, final) + (
-        "; train.keep_replay = false leaves the replay out of a finished run's checkpoint" if "replay" in final
-        else "; without the replay (train.keep_replay = false)"), highlight=False)
-    if trainer.device.type == "cuda":
-        plan_record["peak"] = peak_memory_row(trainer.plan, torch.cuda.max_memory_reserved(trainer.device))
-        for line in format_rows([plan_record["peak"]]):
-            console.print(line, highlight=False)
-    atomic_write_text(run_dir / "plan.json", json.dumps(plan_record, indent=2))
-    report = final_report(trainer, run_dir, console)
-    logger.log(trainer.epoch, "test", {"sharpe": report["test"]["agent"]["sharpe"]})
-    logger.close()
-    return report
+    with stop.graceful(), progress_bar(console) as progress:
+        task = progress.add_task("train", total=config.train.epochs, completed=trainer.epoch, status="")
+        while trainer.epoch < config.train.epochs:
+            stats = guard.run_epoch()
+            record = {"epoch": stats.epoch, "updates": stats.updates, "seconds": stats.seconds, **stats.values}
+            if stats.epoch % config.train.eval_every == 0 or stats.epoch == config.train.epochs:
+                validation, _ = evaluate_split(trainer.learner, trainer.market_on_device, config, "validation",
+                                               seeds=0)
+                record["validation_sharpe"] = validation["agent"]["sharpe"]
+                record["validation_return"] = validation["agent"]["total_return"]
+            trainer.history.append(record)
+            logger.log(stats.epoch, "epoch", record)
+            progress.update(task, completed=stats.epoch, status=status_line(record))
+            if not console.is_terminal:  # logs and pipes get one line per epoch instead of a live bar
+                console.print(f"epoch {stats.epoch}/{config.train.epochs}  {status_line(record)}", highlight=False)
+            if stats.epoch == config.train.epochs:
+                break  # the final checkpoint follows
+            if stats.epoch % config.train.checkpoint_every == 0 or stop.signum is not None:
+                save(trainer, run_dir, logger)
+                stop.saved_epoch = stats.epoch
+            if stop.signum is not None:
+                name = signal.Signals(stop.signum).name
+                raise Interrupted(stop.signum, f"{name}: stopped at the end of epoch {stats.epoch}", saved=True)
+            if deadline is not None and time.monotonic() > deadline:
+                console.print(f"time limit of {config.train.minutes:g} min reached at epoch {stats.epoch}; "
+                              f"--resume {run_dir} continues (with a new --minutes, or none)", highlight=False)
+                break
 
 
 def progress_bar(console: Console) -> Progress:
