@@ -48,9 +48,21 @@ def describe_os_error(error: OSError, path: str | Path | None = None, doing: str
 
 def file_mode() -> int:
     """The mode a file the user creates gets: ``0o666`` less the process umask."""
+    return 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux says it (else set and restored at once)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
 
 
 def atomic_write_bytes(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:

@@ -130,7 +130,7 @@ def test_resume_after_signals_anywhere_equals_the_uninterrupted_run(reference, t
     result = drive(["--config", str(reference["config_file"]), "--out", str(run)], reference,
                    [["update", 1, 2, signal.SIGINT]])
     assert result.returncode == 128 + signal.SIGINT, result.stderr
-    assert "stopping at the end of this epoch" in result.stdout and "again (Ctrl-C) stops at once" in result.stdout
+    assert "stopping at the end of this epoch" in result.stdout and "Ctrl-C again stops at once" in result.stdout
     assert checkpoint_epoch(run) == 1 and epochs_in(run) == [1]
 
     # SIGTERM during collection in epoch 2: the same, exit 143

@@ -98,8 +98,10 @@ class StopRequests:
             raise Interrupted(signum, f"{name}: stopped at once", saved=False)
         self.signum = signum
         self.console.print(
-            f"{name}: stopping at the end of this epoch, after saving a checkpoint; {name} again (Ctrl-C) "
-            f"stops at once and keeps {self.last_checkpoint()} as it is", style="yellow", highlight=False)
+            f"{name}: stopping at the end of this epoch, after saving a checkpoint; "
+            f"{'Ctrl-C again' if signum == signal.SIGINT else 'another SIGTERM or Ctrl-C'} stops at once and keeps "
+            f"{self.last_checkpoint()} as it is", style="yellow",
+            highlight=False, soft_wrap=True)
 
     def last_checkpoint(self) -> str:
         return "no checkpoint" if self.saved_epoch is None else f"the last checkpoint (epoch {self.saved_epoch})"
@@ -166,7 +168,7 @@ def discard_new_run(run_dir: Path, created: list[Path], console: Console) -> Non
             else:
                 path.unlink(missing_ok=True)
     console.print(f"no checkpoint was written: removed what the run had put in '{run_dir}'", style="dim",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
 
 
 def save(trainer: Trainer, run_dir: Path, logger: RunLogger, replay: bool = True) -> dict[str, Any]:
@@ -227,10 +229,11 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
             return run_epochs(config, run_dir, resume, console, trainer_hook, stop)
     except BaseException as error:
         if isinstance(error, Interrupted) and error.saved:
-            console.print(f"{error}: checkpoint saved; resume with --resume {run_dir}", highlight=False)
+            console.print(f"{error}: checkpoint saved; resume with --resume {run_dir}",
+                          highlight=False, soft_wrap=True)
         elif isinstance(error, KeyboardInterrupt) and stop.saved_epoch is not None:
             console.print(f"stopped at once: {stop.last_checkpoint()} is intact; resume with --resume {run_dir}",
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
         if not resume and not (run_dir / CHECKPOINT_NAME).exists():
             discard_new_run(run_dir, created, console)
         raise
@@ -256,7 +259,7 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
         stop.saved_epoch = trainer.epoch
         console.print(f"resumed from {run_dir / CHECKPOINT_NAME} at epoch {trainer.epoch}"
                       + (f"; time limit {config.train.minutes:g} min" if config.train.minutes > 0 else ""),
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
     config = trainer.config  # with the device's auto values resolved: what a resume must use
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_config(run_dir, config)
@@ -274,7 +277,7 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
     logger = RunLogger(run_dir, tensorboard=True, keep=None if state is None else logs_covered(state, run_dir))
     if logger.dropped:
         console.print(f"metrics.jsonl and tensorboard/ rolled back to the checkpoint: {logger.dropped} record(s) "
-                      "of epochs after it dropped (they are run again)", highlight=False)
+                      "of epochs after it dropped (they are run again)", highlight=False, soft_wrap=True)
     has_replay = state is None or "replay" in state
     try:
         run_loop(trainer, config, run_dir, console, logger, stop)
@@ -283,7 +286,8 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
         stop.saved_epoch = trainer.epoch
         console.print(checkpoint_summary(run_dir / CHECKPOINT_NAME, final) + (
             "; train.keep_replay = false leaves the replay out of a finished run's checkpoint" if "replay" in final
-            else "; without the replay buffer: it can be evaluated, not trained on"), highlight=False)
+            else "; without the replay buffer: it can be evaluated, not trained on"),
+            highlight=False, soft_wrap=True)
         if trainer.device.type == "cuda":
             plan_record["peak"] = peak_memory_row(trainer.plan, torch.cuda.max_memory_reserved(trainer.device))
             for line in format_rows([plan_record["peak"]]):
@@ -326,7 +330,8 @@ def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, 
                 raise Interrupted(stop.signum, f"{name}: stopped at the end of epoch {stats.epoch}", saved=True)
             if deadline is not None and time.monotonic() > deadline:
                 console.print(f"time limit of {config.train.minutes:g} min reached at epoch {stats.epoch}; "
-                              f"--resume {run_dir} continues (with a new --minutes, or none)", highlight=False)
+                              f"--resume {run_dir} continues (with a new --minutes, or none)",
+                              highlight=False, soft_wrap=True)
                 break
 
 
