@@ -92,7 +92,8 @@ def beyond(bounds: Bounds, default, side: str):
     if isinstance(default, int) or (isinstance(default, tuple) and isinstance(default[0], int)):
         value = int(edge) if is_open else int(edge) + direction
     else:
-        value = edge if is_open else math.nextafter(edge, direction * math.inf)
+        # a step well above the denormals: a CPU trainer sets flush-to-zero, which reads -5e-324 as 0
+        value = edge if is_open else edge + direction * max(abs(edge), 1.0) * 1e-9
     return (*default[:-1], value) if isinstance(default, tuple) else value
 
 
