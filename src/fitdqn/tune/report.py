@@ -64,19 +64,25 @@ def trials_table(study: optuna.Study) -> Table:
     best = best_number(study)
     table = Table(title=f"study '{study.study_name}': {len(trials)} trials, maximising {objective}",
                   title_justify="left")
-    for column in ("trial", "state", objective, *keys, "epochs", "batch", "samples/s", "s", "note"):
-        table.add_column(column, justify="right" if column not in ("state", "note") else "left")
+    for column in ("trial", "state", "value", *short_names(keys), "epochs", "batch", "samples/s", "s", "note"):
+        table.add_column(column, justify="left" if column in ("state", "note") else "right", overflow="fold")
     replaced = requeued_numbers(trials)
     for trial in trials:
         attrs = trial.user_attrs
         cells = [f"{trial.number}{' *' if trial.number == best else ''}", state_of(trial, replaced),
                  "-" if trial.value is None else f"{trial.value:.4f}"]
-        cells += [format_value(trial.params.get(k)) for k in keys]
+        cells += [format_value(trial.params.get(k), ".3g") for k in keys]
         cells += [format_value(attrs.get("epochs")), format_value(attrs.get("batch_size")),
                   format_value(attrs.get("samples_per_s"), ",.0f"), format_value(attrs.get("seconds"), ".0f"),
                   note_of(trial)]
         table.add_row(*cells)
     return table
+
+
+def short_names(keys: list[str]) -> list[str]:
+    """Param columns by field name ('lr'), by the whole key where two sections share a field name."""
+    fields = [k.partition(".")[2] for k in keys]
+    return [f if fields.count(f) == 1 else k for k, f in zip(keys, fields, strict=True)]
 
 
 def best_number(study: optuna.Study) -> int | None:
@@ -131,6 +137,8 @@ def save(axes, path: Path, plt) -> None:
 def print_report(tune_dir: Path, tune: TuneConfig, console: Console | None = None, plots: bool = True
                  ) -> optuna.Study:
     console = console or Console()
+    if not console.is_terminal:  # a log or a pipe: room for every column instead of 80 characters
+        console.width = max(console.width, 160)
     study = load_study_of(tune_dir, tune)
     console.print(trials_table(study))
     best = best_number(study)

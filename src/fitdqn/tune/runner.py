@@ -305,5 +305,7 @@ def log_tail(run_dir: Path, lines: int = 20) -> str:
 def run_tune(base: Config, space: SearchSpace, console: Console | None = None) -> optuna.Study:
     """Run (or continue) the study of ``base.tune`` until it has ``tune.trials`` finished trials."""
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # the heartbeat is recorded here, for the trials this process runs (Optuna's own thread is optimize()'s)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return TuneRun(base, space, console or Console()).run()
