@@ -126,7 +126,7 @@ def categorical(key: str, spec: dict[str, Any], annotation: Any) -> CategoricalD
         raise SearchSpaceError(f"search key '{key}': choices must be a non-empty list, got {choices!r}")
     values = []
     for choice in choices:
-        value = coerce(key, choice, annotation)
+        value = typed(key, choice, annotation)
         if typing.get_origin(annotation) is tuple:  # Optuna's choices are scalars: a tuple is sampled as 'a,b,c'
             value = ",".join(map(str, value))
         values.append(value)
@@ -140,11 +140,11 @@ def numeric_range(key: str, spec: dict[str, Any], annotation: Any) -> BaseDistri
         raise SearchSpaceError(f"search key '{key}' is not a number: give {{choices = [...]}} instead of a range")
     if "low" not in spec or "high" not in spec:
         raise SearchSpaceError(f"search key '{key}': a range needs both low and high (or give choices)")
-    low, high = (coerce(f"{key} ({bound})", spec[bound], annotation) for bound in ("low", "high"))
+    low, high = (typed(f"{key} ({bound})", spec[bound], annotation) for bound in ("low", "high"))
     log = spec.get("log", False)
     if not isinstance(log, bool):
         raise SearchSpaceError(f"search key '{key}': log must be true or false, got {log!r}")
-    step = coerce(f"{key} (step)", spec["step"], annotation) if "step" in spec else None
+    step = typed(f"{key} (step)", spec["step"], annotation) if "step" in spec else None
     if not low < high:
         raise SearchSpaceError(f"search key '{key}': low ({low}) must be below high ({high}); for one value set it "
                                "in the config instead")
@@ -157,6 +157,13 @@ def numeric_range(key: str, spec: dict[str, Any], annotation: Any) -> BaseDistri
     if annotation is int:
         return IntDistribution(low, high, log=log, step=step or 1)
     return FloatDistribution(low, high, log=log, step=step)
+
+
+def typed(key: str, value: Any, annotation: Any) -> Any:
+    try:
+        return coerce(key, value, annotation)
+    except ConfigError as error:
+        raise SearchSpaceError(f"search {error}") from None
 
 
 def check_values(key: str, distribution: BaseDistribution, base: Config) -> None:
