@@ -1,6 +1,5 @@
 """Whole studies on the CPU: trial processes of a tiny config (2 epochs of 16 env steps, tiny nets)."""
 
-import io
 import json
 import math
 from pathlib import Path
@@ -11,37 +10,17 @@ optuna = pytest.importorskip("optuna")
 
 import torch  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
-from rich.console import Console  # noqa: E402
+from tune_helpers import SEARCH, TINY, quiet, tiny_config, toml_of  # noqa: E402
 
 from fitdqn.cli import main  # noqa: E402
-from fitdqn.config import Config, load_config, with_overrides  # noqa: E402
+from fitdqn.config import load_config, with_overrides  # noqa: E402
 from fitdqn.train.logs import read_jsonl  # noqa: E402
 from fitdqn.tune.report import print_report  # noqa: E402
 from fitdqn.tune.runner import run_tune, thread_budget, threads_per_trial  # noqa: E402
 from fitdqn.tune.space import parse_search_space  # noqa: E402
 from fitdqn.tune.study import BEST_FILE, open_storage, open_study, storage_url  # noqa: E402
 
-TINY = {
-    "market.data": "synthetic", "market.synthetic_bars": 1200, "market.episode_length": 32,
-    "net.window": 4, "net.trunk_hidden": 64, "net.d_model": 32, "net.stream_hidden": 32, "net.num_atoms": 11,
-    "net.iqn_embedding": 16, "net.iqn_quantiles": 8, "net.iqn_act_quantiles": 8, "net.iql_hidden": 32,
-    "collect.num_envs": 16, "collect.steps_per_epoch": 16,
-    "replay.capacity": 4096, "replay.min_fill": 128,
-    "budget.batch_size": 64,
-    "train.device": "cpu", "train.epochs": 2, "train.eval_every": 1, "train.checkpoint_every": 2,
-    "train.eval_seeds": 1,
-}
-SEARCH = {"learn.lr": {"low": 1e-5, "high": 1e-3}, "learn.n_step": {"choices": [1, 3]}}
 FAILING = {"learn.lr": -1.0, "learn.n_step": 1}  # outside the range, queued by hand: Adam refuses it in the trial
-
-
-def tiny_config(tune_dir: Path, **tune) -> Config:
-    return with_overrides(Config(), {**TINY, "tune.dir": str(tune_dir), "tune.study": "tiny",
-                                     **{f"tune.{k}": v for k, v in tune.items()}})
-
-
-def quiet() -> Console:
-    return Console(file=io.StringIO(), width=160)
 
 
 @pytest.fixture(scope="module")
@@ -117,22 +96,6 @@ def test_a_rerun_continues_without_repeating(tuned, tmp_path):
     assert len(trials) == 4 and trials[3].state == TrialState.COMPLETE
     assert trials[3].params not in [t.params for t in trials[:3]]
     assert sorted(p.name for p in (Path(config.tune.dir) / "trials").iterdir()) == ["0000", "0001", "0002", "0003"]
-
-
-def toml_of(values: dict, search: dict) -> str:
-    sections: dict[str, dict] = {}
-    for dotted, value in values.items():
-        section, _, key = dotted.partition(".")
-        sections.setdefault(section, {})[key] = value
-    lines = []
-    for section, keys in sections.items():
-        lines.append(f"[{section}]")
-        lines += [f"{key} = {json.dumps(value)}" for key, value in keys.items()]
-    lines.append("[search]")
-    for key, spec in search.items():
-        inner = ", ".join(f"{k} = {json.dumps(v)}" for k, v in spec.items())
-        lines.append(f'"{key}" = {{{inner}}}')
-    return "\n".join(lines) + "\n"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -132,6 +132,16 @@ def worker_env(threads: int) -> dict[str, str]:
     return env
 
 
+def interrupt_with_parent() -> None:
+    """In the worker, before it runs: on Linux, a SIGINT when this tune process dies (even by SIGKILL), so no
+    orphaned trial keeps its share of the GPU while a re-run starts new ones (it saves its checkpoint and stops)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+
+
 def check_trials_dir(study: optuna.Study, tune_dir: Path) -> None:
     trials_dir = tune_dir / TRIALS_DIR
     if not study.get_trials(deepcopy=False) and trials_dir.is_dir() and any(trials_dir.iterdir()):
@@ -207,7 +217,8 @@ class TuneRun:
         (run_dir / RESULT_FILE).unlink(missing_ok=True)
         log = open(run_dir / LOG_FILE, "w")  # noqa: SIM115 - closed when the worker is collected
         process = subprocess.Popen([sys.executable, "-m", "fitdqn.tune.worker", str(spec_path)], stdout=log,
-                                   stderr=subprocess.STDOUT, env=worker_env(self.resources.threads))
+                                   stderr=subprocess.STDOUT, env=worker_env(self.resources.threads),
+                                   preexec_fn=interrupt_with_parent)
         trial.set_user_attr("worker_pid", process.pid)
         self.workers[trial.number] = Worker(trial, run_dir, process, log, params)
         self.console.print(f"trial {trial.number} started: {format_params(params)}  ({run_dir})", highlight=False)
