@@ -53,7 +53,7 @@ from fitdqn.tune.worker import LOG_FILE, RESULT_FILE, SPEC_FILE
 POLL_SECONDS = 0.5  # how often running workers are checked
 STOP_SECONDS = 60.0  # how long an interrupted worker may take to save its checkpoint
 MEASURED = ("epochs", "batch_size", "threads", "samples_per_s", "planned_bytes", "allocator_limit_bytes",
-            "peak_reserved_bytes", "ooms", "seconds")
+            "peak_reserved_bytes", "ooms", "seconds", "timeline")
 
 
 @dataclass(frozen=True)
