@@ -220,6 +220,8 @@ class TuneRun:
                                    stderr=subprocess.STDOUT, env=worker_env(self.resources.threads),
                                    preexec_fn=interrupt_with_parent)
         trial.set_user_attr("worker_pid", process.pid)
+        if self.storage.get_heartbeat_interval() is not None:  # from now on a silent tune process makes it stale
+            self.storage.record_heartbeat(trial._trial_id)
         self.workers[trial.number] = Worker(trial, run_dir, process, log, params)
         self.console.print(f"trial {trial.number} started: {format_params(params)}  ({run_dir})", highlight=False)
 
