@@ -1,6 +1,7 @@
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -111,3 +112,21 @@ def test_objective_must_be_a_validation_metric(tmp_path):
     config = base_config(tmp_path, **{"tune.objective": "test_sharpe"})
     with pytest.raises(UserError, match="never chosen on the test split"):
         TuneRun(config, parse_search_space(SEARCH, config), console=None)
+
+
+def test_a_trial_of_another_machine_gone_silent_is_queued_again(tmp_path):
+    config = base_config(tmp_path, **{"tune.heartbeat_seconds": 1})
+    space = parse_search_space(SEARCH, config)
+    (tmp_path / "tune").mkdir()
+    storage = open_storage(storage_url(config.tune), heartbeat_seconds=1)
+    study = open_study(config, space, storage)
+    trial = study.ask(space.distributions)
+    trial.set_user_attr("host", "another-machine")
+    storage.record_heartbeat(trial._trial_id)
+    assert recover_cut_off(study, storage) == [] and study.trials[0].state == TrialState.RUNNING
+    time.sleep(2.5)  # past the grace period (twice the interval) without a heartbeat
+    recover_cut_off(study, storage)
+    assert study.trials[0].state == TrialState.FAIL
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert len(waiting) == 1 and waiting[0].user_attrs[REQUEUED_FROM] == 0
+    assert study.ask(space.distributions).params == trial.params
