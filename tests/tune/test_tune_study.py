@@ -9,6 +9,7 @@ optuna = pytest.importorskip("optuna")
 
 from optuna.pruners import MedianPruner  # noqa: E402
 from optuna.trial import TrialState, create_trial  # noqa: E402
+from tune_helpers import quiet  # noqa: E402
 
 from fitdqn.cli import main  # noqa: E402
 from fitdqn.config import Config, with_overrides  # noqa: E402
@@ -130,3 +131,13 @@ def test_a_trial_of_another_machine_gone_silent_is_queued_again(tmp_path):
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].user_attrs[REQUEUED_FROM] == 0
     assert study.ask(space.distributions).params == trial.params
+
+
+def test_bars_that_do_not_load_stop_the_study_before_any_trial(tmp_path):
+    from fitdqn.tune.runner import TuneRun
+
+    config = base_config(tmp_path, **{"market.data": str(tmp_path / "missing.csv")})
+    run = TuneRun(config, parse_search_space(SEARCH, config), console=quiet())
+    with pytest.raises(UserError, match="missing.csv"):
+        run.run()
+    assert run.study.get_trials() == []

@@ -167,6 +167,7 @@ class TuneRun:
         self.study = open_study(base, space, self.storage)
         check_trials_dir(self.study, self.tune_dir)
         self.workers: dict[int, Worker] = {}
+        self.resources: Resources | None = None  # decided when the run starts
         self.last_heartbeat = time.monotonic()
 
     def run(self) -> optuna.Study:
@@ -177,6 +178,7 @@ class TuneRun:
                            f"finished; maximising {self.tune.objective}")
         for line in self.space.describe():
             self.console.print(f"  search {line}", highlight=False)
+        self.preflight()
         self.resources = plan_resources(self.base)
         self.console.print(self.resources.description, highlight=False)
         try:
@@ -193,6 +195,12 @@ class TuneRun:
             raise
         write_best_config(self.base, self.study, self.tune_dir)
         return self.study
+
+    def preflight(self) -> None:
+        """The base config's bars load here once: a wrong --data is one error, not a study of failed trials."""
+        from fitdqn.market.loader import load_market
+
+        load_market(self.base.market, window=self.base.net.window, device="cpu")
 
     # ------------------------------------------------------------------ trials
     def launch(self) -> None:
