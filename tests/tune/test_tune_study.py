@@ -125,7 +125,7 @@ def test_a_trial_of_another_machine_gone_silent_is_queued_again(tmp_path):
     trial.set_user_attr("host", "another-machine")
     storage.record_heartbeat(trial._trial_id)
     assert recover_cut_off(study, storage) == [] and study.trials[0].state == TrialState.RUNNING
-    time.sleep(2.5)  # past the grace period (twice the interval) without a heartbeat
+    time.sleep(3.5)  # past the grace period (twice the interval; SQLite keeps whole seconds) without a heartbeat
     recover_cut_off(study, storage)
     assert study.trials[0].state == TrialState.FAIL
     waiting = study.get_trials(states=(TrialState.WAITING,))
