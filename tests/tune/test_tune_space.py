@@ -93,3 +93,13 @@ def test_search_table_from_the_config_file_or_space_file(tmp_path):
         config_and_search(parser.parse_args(["tune", "--space", str(no_search)]))
     with pytest.raises(ConfigError, match="not found"):
         config_and_search(parser.parse_args(["tune", "--space", str(tmp_path / "missing.toml")]))
+
+
+def test_tune_without_a_search_space_says_how_to_give_one(tmp_path, capsys):
+    from fitdqn.cli import main
+
+    assert main(["tune", "--dir", str(tmp_path / "tune"), "--trials", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "no search space" in err and "--space FILE.toml" in err
+    assert main(["tune", "--space", str(tmp_path / "nope.toml")]) == 2
+    assert "not found" in capsys.readouterr().err
