@@ -136,7 +136,7 @@ def run_phase(config: Config, name: str, parallel: int, tune_dir: Path, gpu_inde
                                   for r in rows),
         "peak_reserved_within_cap": all(r["allocator_limit_bytes"] is None or r["peak_reserved_bytes"] is None
                                         or r["peak_reserved_bytes"] <= r["allocator_limit_bytes"] for r in rows),
-        "cap_within_share": all(r["allocator_limit_bytes"] is None or r["allocator_limit_bytes"] <= share + 2**21
+        "cap_within_share": all(r["allocator_limit_bytes"] is None or r["allocator_limit_bytes"] <= 1.01 * share
                                 for r in rows),
     }
     return {"parallel": parallel, "free_bytes_before": free_before["free_bytes"],
