@@ -50,15 +50,14 @@ class Bounds:
         return above and below
 
     def describe(self) -> str:
-        low = f"> {self.low:g}" if self.low_open else f">= {self.low:g}"
-        high = f"< {self.high:g}" if self.high_open else f"<= {self.high:g}"
+        """``in [0, 1)``, ``>= 1``, ``> 0``, or ``a finite number``."""
         if math.isinf(self.low) and math.isinf(self.high):
             return "a finite number"
         if math.isinf(self.high):
-            return low
+            return f"> {self.low:g}" if self.low_open else f">= {self.low:g}"
         if math.isinf(self.low):
-            return high
-        return f"{low} and {high}"
+            return f"< {self.high:g}" if self.high_open else f"<= {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
 
 
 def knob(default: Any, help: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
@@ -226,6 +225,32 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class TuneConfig:
+    """Hyperparameter trials (`fitdqn tune`): the Optuna study, its sampler and pruner, trials at once."""
+
+    dir: str = knob("tune", "tune directory: the study database, trials/<number>/ (one run directory per trial), "
+                    "best.toml and the report's plots")
+    storage: str = knob("", "Optuna storage URL for a study shared by several machines (e.g. "
+                        "postgresql://user@host/db); empty = the SQLite file study.db in tune.dir")
+    study: str = knob("fitdqn", "study name in the storage")
+    trials: int = knob(20, "trials of the study in all: a re-run continues until this many have finished", ge=1)
+    parallel: int = knob(1, "trials at once, each its own process: CPU threads are split between them; on a GPU "
+                         "each is planned within 1/K of the free memory (per-process memory fraction)", ge=1)
+    objective: str = knob("validation_sharpe", "validation metric of the epoch records maximised (the last "
+                          "validated epoch's value; per-epoch values drive pruning)")
+    sampler: str = knob("tpe", "Optuna sampler: 'tpe' or 'random'", choices=("tpe", "random"))
+    seed: int = knob(0, "sampler seed (a re-run offsets it by the trials already in the study)", ge=0,
+                     le=SEED_MAX)
+    pruner: str = knob("median", "'median': stop a trial whose validation value is below the median of earlier "
+                       "trials at the same epoch; 'none'", choices=("median", "none"))
+    startup_trials: int = knob(3, "median pruner: finished trials before any trial is pruned", ge=0)
+    warmup_epochs: int = knob(0, "median pruner: epochs of a trial before it may be pruned", ge=0)
+    heartbeat_seconds: int = knob(60, "seconds between heartbeats of running trials in the storage; a trial of a "
+                                  "tune process silent for twice this is failed and queued again (0 = off)",
+                                  ge=0)
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything fitdqn reads; `fitdqn <command> --help` lists every field."""
 
@@ -236,6 +261,7 @@ class Config:
     collect: CollectConfig = field(default_factory=CollectConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
 
 def section_types() -> dict[str, type]:
@@ -371,14 +397,15 @@ def knob_error(key: str, value: Any, spec: dataclasses.Field) -> str | None:
     choices: tuple[str, ...] | None = spec.metadata.get("choices")
     help_text = spec.metadata.get("help", "")
     if choices is not None and value not in choices:
-        return f"config key '{key}' must be one of {', '.join(map(repr, choices))}, got {value!r}"
+        listed = ", ".join(map(repr, choices[:-1])) + f" or {choices[-1]!r}" if len(choices) > 1 else repr(choices[0])
+        return f"{key} must be {listed}, got {value!r}"
     items = value if isinstance(value, tuple) else (value,)
     numbers = [v for v in items if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    what = f"every value of {key}" if isinstance(value, tuple) else key
     if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
-        return f"config key '{key}' must be a finite number, got {value!r} ({help_text})"
+        return f"{what} must be a finite number, got {value!r} ({help_text})"
     if bounds is not None and not all(bounds.admits(v) for v in numbers):
-        what = "': every value" if isinstance(value, tuple) else "'"
-        return f"config key '{key}{what} must be {bounds.describe()}, got {value!r} ({help_text})"
+        return f"{what} must be {bounds.describe()}, got {value!r} ({help_text})"
     return None
 
 

@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+from rich.console import Console
 
 import fitdqn.train.run as run_module
 from fitdqn.cli import main
@@ -52,7 +53,7 @@ def test_bad_values_are_refused_before_any_work(tmp_path, capsys, monkeypatch, o
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(run_module, "probe", lambda *a: pytest.fail("probed the device for a refused config"))
     err = refused(capsys, option, value, "--out", str(tmp_path / "run"))
-    assert f"config key '{key}'" in err and "Traceback" not in err
+    assert f"error: {key} must be" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
 
 
@@ -88,3 +89,20 @@ def test_a_file_system_error_is_one_line_naming_the_path(tmp_path, capsys, monke
     err = capsys.readouterr().err.strip()
     assert err == (f"fitdqn train: error: file error at '{tmp_path / 'run' / 'tensorboard'}': permission denied: "
                    "give a folder you can write to (EACCES)")
+
+
+def test_a_tune_trial_folder_is_a_new_run_and_its_setup_files_stay():
+    worker = pytest.importorskip("fitdqn.tune.worker")
+    assert set(run_module.SETUP_FILES) == {worker.SPEC_FILE, worker.LOG_FILE}
+
+
+def test_setup_files_do_not_block_a_new_run_and_outlive_a_failed_one(tmp_path):
+    folder = tmp_path / "trial"
+    folder.mkdir()
+    for name in run_module.SETUP_FILES:
+        (folder / name).write_text("kept")
+    run_module.check_new_run_dir(folder)  # no error
+    (folder / "config.toml").write_text("")
+    (folder / "metrics.jsonl").write_text("")
+    run_module.discard_new_run(folder, [], set(run_module.SETUP_FILES), Console(quiet=True))
+    assert sorted(p.name for p in folder.iterdir()) == sorted(run_module.SETUP_FILES)

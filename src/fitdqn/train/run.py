@@ -49,6 +49,9 @@ from fitdqn.train.trainer import CHECKPOINT_NAME, Trainer, write_run_config
 CONFIG_NAME = "config.toml"
 RUN_FILES = ("config.toml", "plan.json", METRICS_NAME, TENSORBOARD_DIR, f"{TENSORBOARD_DIR}.rebuild", "*.pt",
              "report.json", "report.md", "*.png", "evaluate_*.json", ".*.tmp")  # what fitdqn writes into a run
+# what `fitdqn tune` puts into a trial's folder before its run starts (fitdqn.tune.worker's SPEC_FILE, LOG_FILE):
+# a new run may start beside them, and keeps them when it ends before its first checkpoint
+SETUP_FILES = ("trial.json", "train.log")
 
 
 class Interrupted(KeyboardInterrupt):
@@ -137,7 +140,7 @@ def check_new_run_dir(run_dir: Path) -> None:
         return
     if not run_dir.is_dir():
         raise UserError(f"--out '{run_dir}' is a file, not a folder: give a new folder for the run")
-    names = sorted(p.name for p in run_dir.iterdir())
+    names = sorted(p.name for p in run_dir.iterdir() if p.name not in SETUP_FILES)
     if not names:
         return
     if CHECKPOINT_NAME in names and CONFIG_NAME in names:
@@ -152,8 +155,9 @@ def check_new_run_dir(run_dir: Path) -> None:
                     "empty folder, so nothing there is written over; give another --out")
 
 
-def discard_new_run(run_dir: Path, created: list[Path], console: Console) -> None:
-    """A new run that ends before its first checkpoint leaves nothing: its files, and the folders it made, go."""
+def discard_new_run(run_dir: Path, created: list[Path], before: set[str], console: Console) -> None:
+    """A new run that ends before its first checkpoint leaves nothing: its files, and the folders it made, go
+    (what was in the folder before it started, ``before``, stays)."""
     if not run_dir.is_dir():
         return
     if created:
@@ -161,8 +165,10 @@ def discard_new_run(run_dir: Path, created: list[Path], console: Console) -> Non
         for parent in created[1:]:  # e.g. runs/, when this run made it and nothing else is in it
             with contextlib.suppress(OSError):
                 parent.rmdir()
-    else:  # the folder was empty: everything in it is this run's
+    else:  # the folder was empty but for SETUP_FILES: everything else in it is this run's
         for path in run_dir.iterdir():
+            if path.name in before:
+                continue
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
@@ -212,8 +218,9 @@ def checked_resume_state(config: Config, run_dir: Path, device: torch.device) ->
 
 
 def train(config: Config, run_dir: Path, resume: bool = False, console: Console | None = None,
-          trainer_hook=None) -> dict[str, Any]:
-    """Train (or resume) a run in ``run_dir``; returns the report.
+          trainer_hook=None, on_epoch=None) -> dict[str, Any]:
+    """Train (or resume) a run in ``run_dir``; returns the report. ``on_epoch(record) -> bool`` sees each epoch's
+    record after it is logged; True ends the run there (saved and reported as if its epochs were done).
 
     Raises :class:`Interrupted` (a ``KeyboardInterrupt``) when SIGINT or SIGTERM stopped the run: during the
     epochs the first signal stops at the end of the epoch, with a checkpoint; else, or at a second signal, at once.
@@ -223,10 +230,11 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     if not resume:
         check_new_run_dir(run_dir)
     created = missing_folders(run_dir)
+    before = set() if created or resume else {p.name for p in run_dir.iterdir()}  # a new run's: SETUP_FILES
     stop = StopRequests(console)
     try:
         with stop:
-            return run_epochs(config, run_dir, resume, console, trainer_hook, stop)
+            return run_epochs(config, run_dir, resume, console, trainer_hook, on_epoch, stop)
     except BaseException as error:
         if isinstance(error, Interrupted) and error.saved:
             console.print(f"{error}: checkpoint saved; resume with --resume {run_dir}",
@@ -235,7 +243,7 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
             console.print(f"stopped at once: {stop.last_checkpoint()} is intact; resume with --resume {run_dir}",
                           highlight=False, soft_wrap=True)
         if not resume and not (run_dir / CHECKPOINT_NAME).exists():
-            discard_new_run(run_dir, created, console)
+            discard_new_run(run_dir, created, before, console)
         raise
 
 
@@ -248,7 +256,7 @@ def missing_folders(path: Path) -> list[Path]:
     return missing
 
 
-def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, trainer_hook,
+def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, trainer_hook, on_epoch,
                stop: StopRequests) -> dict[str, Any]:
     device_info = probe(config.train.device)
     state = checked_resume_state(config, run_dir, device_info.torch_device) if resume else None
@@ -280,7 +288,7 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
                       "of epochs after it dropped (they are run again)", highlight=False, soft_wrap=True)
     has_replay = state is None or "replay" in state
     try:
-        run_loop(trainer, config, run_dir, console, logger, stop)
+        run_loop(trainer, config, run_dir, console, logger, stop, on_epoch)
         finished = trainer.epoch >= config.train.epochs
         final = save(trainer, run_dir, logger, replay=has_replay and (config.train.keep_replay or not finished))
         stop.saved_epoch = trainer.epoch
@@ -301,8 +309,9 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
 
 
 def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, logger: RunLogger,
-             stop: StopRequests) -> None:
-    """The epochs, until train.epochs, the time limit, or a stop request (then after saving this epoch)."""
+             stop: StopRequests, on_epoch) -> None:
+    """The epochs, until train.epochs, the time limit, ``on_epoch`` saying so, or a stop request (then after
+    saving this epoch's checkpoint)."""
     guard = OomGuard(trainer, console, logger)
     deadline = time.monotonic() + 60 * config.train.minutes if config.train.minutes > 0 else None
     with stop.graceful(), progress_bar(console) as progress:
@@ -320,11 +329,12 @@ def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, 
             progress.update(task, completed=stats.epoch, status=status_line(record))
             if not console.is_terminal:  # logs and pipes get one line per epoch instead of a live bar
                 console.print(f"epoch {stats.epoch}/{config.train.epochs}  {status_line(record)}", highlight=False)
-            if stats.epoch == config.train.epochs:
-                break  # the final checkpoint follows
-            if stats.epoch % config.train.checkpoint_every == 0 or stop.signum is not None:
+            last = stats.epoch == config.train.epochs  # the final checkpoint follows the loop
+            if not last and (stats.epoch % config.train.checkpoint_every == 0 or stop.signum is not None):
                 save(trainer, run_dir, logger)
                 stop.saved_epoch = stats.epoch
+            if (on_epoch is not None and on_epoch(record)) or last:
+                break
             if stop.signum is not None:
                 name = signal.Signals(stop.signum).name
                 raise Interrupted(stop.signum, f"{name}: stopped at the end of epoch {stats.epoch}", saved=True)
