@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -208,3 +209,16 @@ def test_cli_sets_torch_threads_once_at_start(capsys):
     finally:
         torch.set_num_threads(before)
     capsys.readouterr()
+
+
+def test_too_little_memory_says_how_much_is_needed(capsys):
+    assert main(["plan", "--gpu", "rtx3050", "--free-memory", "20MiB"]) == 2
+    err = capsys.readouterr().err
+    found = re.search(r"too little for this config: it needs about .* free \(at that, `fitdqn plan --free-memory "
+                      r"(\d+)MiB` shows its plan\)", err)
+    assert found and "replay" in err, err
+    needed = int(found.group(1))
+    assert main(["plan", "--gpu", "rtx3050", "--free-memory", f"{needed}MiB", "--json"]) == 0  # enough
+    capsys.readouterr()
+    assert main(["plan", "--gpu", "rtx3050", "--free-memory", f"{needed - 2}MiB"]) == 2  # and no more than needed
+    assert f"--free-memory {needed}MiB" in capsys.readouterr().err
