@@ -37,6 +37,7 @@ from fitdqn.errors import UserError
 HELP_WIDTH = 100
 # config options every command's --help shows (the rest: --help-all)
 COMMON_KNOBS = ("budget.batch_size", "market.data", "market.contract", "train.device", "train.seed", "train.threads")
+COMMON_ALIASES = COMMON_KNOBS  # the older name, for commands written against it
 TRAIN_KNOBS = ("train.epochs", "train.minutes", "train.out", "train.replay_ratio", "collect.num_envs", "learn.lr",
                "learn.risk")
 
@@ -371,13 +372,13 @@ def run_act(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.run_dir) / "actions.csv"
     if out.suffix.lower() not in (".csv", ".parquet", ".pq"):
         raise UserError(f"--out {out}: write the decisions to a .csv or .parquet file")
-    frame = act_run(policy, args.data, start=args.start, goal_unit=args.goal_unit)
+    goal_unit = policy.goal_unit() if args.goal_unit is None else args.goal_unit
+    frame = act_run(policy, args.data, start=args.start, goal_unit=goal_unit)
     write_actions(frame, out)
-    console = Console()
-    console.print(f"{len(frame)} decisions, {frame['timestamp'].iloc[0]} to {frame['timestamp'].iloc[-1]}, "
-                  f"of the policy in {args.run_dir} (checkpoint epoch {policy.epoch}, contract "
-                  f"{policy.contract.name}) written to {out}", highlight=False, markup=False)
-    console.print(f"latest, to trade at the next open: {decision_text(frame.iloc[-1])}", highlight=False, markup=False)
+    print(f"{len(frame)} decisions, {frame['timestamp'].iloc[0]} to {frame['timestamp'].iloc[-1]}, of the policy in "
+          f"{args.run_dir} (checkpoint epoch {policy.epoch}, contract {policy.contract.name}, goal unit "
+          f"{goal_unit:.6g}) written to {out}")
+    print(f"latest, to trade at the next open: {decision_text(frame.iloc[-1])}")
     return 0
 
 

@@ -111,7 +111,7 @@ def act_on_bars(policy: RunPolicy, bars: pd.DataFrame, *, start: str | pd.Timest
     decision = backtest.decision_bar  # [N]
     prices = market.prices.double().cpu().numpy()  # [T + 1, 4]
     atr = market.atr.double().cpu().numpy()[decision]  # [N]
-    close = prices[decision, 3]
+    close = prices[decision, 3]  # float32 on the device, as the env sees it
     known = decision + 1 < num_bars  # the fill bar is a real bar
     base = np.where(known, prices[decision + 1, 0], close)
     target = backtest.target
@@ -123,7 +123,7 @@ def act_on_bars(policy: RunPolicy, bars: pd.DataFrame, *, start: str | pd.Timest
     take_price = np.round((base + side * k_take * atr) / tick) * tick
     frame = pd.DataFrame({
         "timestamp": bars["timestamp"].to_numpy()[decision],
-        "close": close,
+        "close": bars["close"].to_numpy()[decision],  # as given
         "atr": atr,
         "held": held_np,
         "target": target,

@@ -41,7 +41,7 @@ class RunPolicy:
             raise UserError(
                 f"the run's training bars (market.data = '{self.config.market.data}') are needed for the goal "
                 f"scale the policy was evaluated with, and cannot be loaded ({error}); put the file back where "
-                "the run's config.toml says, or give --goal-unit (the run's report names it)"
+                "the run's config.toml says, or give --goal-unit (`fitdqn act` prints it where the bars are)"
             ) from None
         return market_goal_unit(market, self.config.net.window, self.config.market.reward_scale)
 
