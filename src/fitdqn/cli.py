@@ -7,6 +7,7 @@
     fitdqn train         plan, allocate, train, evaluate: the whole run, resumable
     fitdqn evaluate      backtest a run's checkpoint on a split beside buy-and-hold and random
     fitdqn bench         update, replay and collector throughput on this device (CPU too)
+    fitdqn tune          hyperparameter trials with Optuna, K at once (each planned within its share of the GPU)
     fitdqn act           a run's policy on new bars: target position and bracket per bar (CSV/Parquet)
     fitdqn export        a run's acting network as a torch.export program (.pt2)
 
@@ -33,6 +34,7 @@ from fitdqn.device import DeviceInfo, load_profiles, match_profile, parse_size, 
 from fitdqn.device.sizes import format_bytes
 from fitdqn.device.threads import set_torch_threads
 from fitdqn.errors import UserError
+from fitdqn.tune.cli import add_parser as add_tune_parser
 
 HELP_WIDTH = 100
 # config options every command's --help shows (the rest: --help-all)
@@ -178,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     add_config_arguments(bench, COMMON_KNOBS)
     bench.set_defaults(run=run_bench)
+    add_tune_parser(commands)
     add_deploy_commands(commands)
     return parser
 
