@@ -209,6 +209,9 @@ class TrainConfig:
     replay_ratio: float = knob(1.0, "times each collected transition is used: updates = ratio x collected / batch",
                                gt=0)
     cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
+    threads: int = knob(
+        0, "CPU threads for torch; 0 = auto: OMP_NUM_THREADS if set, else the cores this process may use "
+        "(CPU affinity, capped by a container's CPU quota)", ge=0)
     eval_every: int = knob(5, "epochs between validation backtests", ge=1)
     checkpoint_every: int = knob(5, "epochs between checkpoints", ge=1)
     keep_replay: bool = knob(
