@@ -137,6 +137,9 @@ class BudgetConfig:
     max_batch: int = knob(16384, "largest batch the planner may choose")
     headroom_fraction: float = knob(0.05, "share of probed free memory kept unused (fragmentation)")
     profiles_dir: str = knob("", "extra directory of GPU profile TOML files (yours override shipped ones)")
+    trace_cache_dir: str = knob(
+        "", "where traces of the training step are cached between plans: '' = $FITDQN_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/fitdqn, else ~/.cache/fitdqn; 'off' = trace every time")
 
 
 @dataclass(frozen=True)
