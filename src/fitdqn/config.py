@@ -152,6 +152,8 @@ class TrainConfig:
     minutes: float = knob(0.0, "stop after this many minutes (0 = no limit)")
     replay_ratio: float = knob(1.0, "times each collected transition is used: updates = ratio x collected / batch")
     cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
+    oom_retries: int = knob(4, "times the OOM guard re-plans an epoch (or retries an evaluation or checkpoint) "
+                            "that ran out of device memory before the run stops")
     eval_every: int = knob(5, "epochs between validation backtests")
     checkpoint_every: int = knob(5, "epochs between checkpoints")
     eval_seeds: int = knob(3, "seeds for the random-policy baseline in evaluation")
