@@ -34,6 +34,7 @@ from fitdqn.budget.allocator_model import (
 from fitdqn.budget.component import Component
 from fitdqn.budget.kernel_scratch import CudaShape
 from fitdqn.budget.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
+from fitdqn.budget.plan_cache import data_provenance
 from fitdqn.budget.planner import InfeasiblePlan, Plan, make_plan
 from fitdqn.budget.trace import (
     StepSetup,
@@ -88,7 +89,15 @@ class PlanInputs:
         from fitdqn.market.data import bars_from_config
         from fitdqn.market.loader import market_bytes
 
-        num_bars = len(bars_from_config(config.market))
+        cache = TraceCache(cache_folder(config.budget.trace_cache_dir))  # counting a dataset's bars costs seconds
+        key = trace_key(what="bars", market=config_to_dict(config)["market"],
+                        data=data_provenance(config.market.data))
+        stored = cache.get_value(key)
+        if stored is not None and isinstance(stored.get("num_bars"), int):
+            num_bars = stored["num_bars"]
+        else:
+            num_bars = len(bars_from_config(config.market))
+            cache.put_value(key, {"num_bars": num_bars})
         return cls(num_bars, market_bytes(num_bars))
 
 
@@ -270,11 +279,11 @@ def cuda_graphs_component(config: Config, device: DeviceInfo, tracer: Tracer, ca
     return Component("cuda_graphs", fixed, per_sample, text + (f" ({note})" if note else ""))
 
 
-def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anchor: int | None = None
-                     ) -> tuple[list[Component], int]:
+def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anchor: int | None = None,
+                     lines_at: tuple[int, int] = TRACE_BATCHES) -> tuple[list[Component], int]:
     """Every consumer, in any order (the planner orders them), and the planned replay capacity.
 
-    The step's components are lines through traces at ``TRACE_BATCHES`` (the graph pool's at
+    The step's components are lines through traces at ``lines_at`` (the graph pool's at
     ``GRAPH_POOL_BATCHES``), or, with ``anchor``, in proportion to one trace at ``anchor``: exact there, for
     checking or choosing a batch there (``plan_for_device``). Lines through two traces would not be exact at
     either when the step's peak moves to another phase between them (per group, the shares change)."""
@@ -294,11 +303,11 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     graphs = device.kind == "cuda" and config.train.cuda_graphs
     act_peak = tracer.act_peak()
     if anchor is None:  # lines through two traces, above both
-        first, second = (tracer.step(capacity, b) for b in TRACE_BATCHES)
+        first, second = (tracer.step(capacity, b, pools=graphs and b in GRAPH_POOL_BATCHES) for b in lines_at)
         lines = {name: line_above((first.batch_size, first.step_by_group.get(name, 0)),
                                   (second.batch_size, second.step_by_group.get(name, 0)))
                  for name in (*MEMORY_GROUPS, "other")}
-        how = f"traced update at batch {TRACE_BATCHES[0]} and {TRACE_BATCHES[1]}"
+        how = f"traced update at batch {lines_at[0]} and {lines_at[1]}"
     else:  # in proportion to one trace at the anchor: exact there, whichever phase holds the step's peak
         trace = tracer.step(capacity, anchor, pools=graphs)
         lines = {name: (0, -(-max(trace.step_by_group.get(name, 0), 0) // anchor))
@@ -373,11 +382,22 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
     budget = config.budget
     wanted = budget.batch_size if budget.batch_size > 0 else profile.batch_size if budget.batch_size == -1 else 0
     anchor = wanted if wanted > max(GRAPH_POOL_BATCHES) and device.free_bytes is not None else None
-    components, capacity = build_components(config, device, inputs, anchor)
-    sampleable = sampleable_capacity(config, capacity)
-    plan = make_plan(device, profile, budget, components, capacity, sampleable)
-    if plan.batch_source == "auto" and plan.batch_size > max(GRAPH_POOL_BATCHES) and device.free_bytes is not None:
-        plan = refine_auto_batch(config, device, inputs, profile, plan)
+    plan = None
+    if wanted == 0 and device.free_bytes is not None and device.kind == "cuda" and config.train.cuda_graphs:
+        # an auto batch on a graphed GPU: the graph pool's traces (GRAPH_POOL_BATCHES) come first, so lines
+        # through them guess the batch; beyond them it is searched by anchored traces (refine_auto_batch) and
+        # the traces at TRACE_BATCHES are never needed
+        components, capacity = build_components(config, device, inputs, lines_at=GRAPH_POOL_BATCHES)
+        guess = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
+        if guess.batch_size > max(GRAPH_POOL_BATCHES):
+            plan = refine_auto_batch(config, device, inputs, profile, guess, GRAPH_POOL_BATCHES)
+    if plan is None:
+        components, capacity = build_components(config, device, inputs, anchor)
+        sampleable = sampleable_capacity(config, capacity)
+        plan = make_plan(device, profile, budget, components, capacity, sampleable)
+        if (plan.batch_source == "auto" and plan.batch_size > max(GRAPH_POOL_BATCHES)
+                and device.free_bytes is not None):
+            plan = refine_auto_batch(config, device, inputs, profile, plan, TRACE_BATCHES)
     notes = tuple(note for note in (device.described_from, profile_note) if note)
     return dataclasses.replace(plan, notes=(*notes, *plan.notes)) if notes else plan
 
@@ -402,7 +422,8 @@ AUTO_REFINE_ROUNDS = 5
 AUTO_REFINE_CONVERGED = 0.01  # stop when the next anchor would move the batch by less than this fraction
 
 
-def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, profile, plan: Plan) -> Plan:
+def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, profile, plan: Plan,
+                      lines_at: tuple[int, int]) -> Plan:
     """The largest auto batch whose traced need fits, by re-anchoring the step's lines at the candidate.
 
     Round k plans with components in proportion to a trace at ``B_k``, exact at ``B_k``: the plan's batch
@@ -429,5 +450,5 @@ def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, pr
                          f"{AUTO_REFINE_ROUNDS} rounds)"))
     batch, candidate = fitted
     note = (f"auto batch {batch}: the step traced at {batch} samples fits "
-            f"(the lines fitted at {TRACE_BATCHES[1]} samples gave {plan.batch_size})")
+            f"(the lines fitted at {max(lines_at)} samples gave {plan.batch_size})")
     return dataclasses.replace(candidate, batch_size=batch, notes=(*candidate.notes, note))

@@ -167,7 +167,7 @@ def make_plan(
             "use --batch-size 0 (auto) or a batch <= "
             f"{max_fitting}, or lower budget.replay_buffer_vram_fraction / replay.capacity"
         )
-    if source == "auto" and max_fitting is not None and max_fitting > budget.max_batch:
+    if source == "auto" and max_fitting is not None and max_fitting > budget.max_batch and batch == budget.max_batch:
         notes.append(f"auto batch clamped to budget.max_batch = {budget.max_batch} (up to {max_fitting} fit)")
     return Plan(
         device=device, profile=profile, batch_size=int(batch), batch_source=source, components=ordered,

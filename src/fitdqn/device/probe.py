@@ -133,8 +133,9 @@ def what_if(name: str, total_bytes: int | None, free_bytes: int | None) -> Devic
                      f"known cards: {known_names()}")
         return DeviceInfo(name=name, kind="cuda", index=0, total_bytes=total_bytes, free_bytes=free_bytes,
                           compute_capability=None, bf16=True, what_if=True, described_from=described)
+    named = card.name if name.strip().lower() in card.aliases else name  # an alias stands for the card's name
     return DeviceInfo(
-        name=card.name, kind="cuda", index=0, total_bytes=total_bytes, free_bytes=free_bytes,
+        name=named, kind="cuda", index=0, total_bytes=total_bytes, free_bytes=free_bytes,
         compute_capability=card.compute_capability, bf16=card.compute_capability >= (8, 0), what_if=True,
         sm_count=card.sm_count, max_threads_per_sm=card.max_threads_per_sm,
         described_from=f"what-if '{name}': {card.name}, sm_{card.compute_capability[0]}{card.compute_capability[1]}"
