@@ -2,12 +2,12 @@
 
 import pytest
 
+from fitdqn.budget.build import profile_name_of
 from fitdqn.budget.overhead import cuda_overhead_component
 from fitdqn.device import load_profiles, what_if
 from fitdqn.device.cards import find_card, shipped_cards
 from fitdqn.device.probe import what_if_device
 from fitdqn.device.profiles import profile_with_note
-from fitdqn.errors import UserError
 
 MIB, GIB = 2**20, 2**30
 
@@ -40,7 +40,7 @@ def test_a_real_device_name_gives_its_cards_facts_and_profile(name, capability, 
     assert device.total_bytes == pytest.approx(total_gib * GIB, rel=0.01)
     assert device.free_bytes == device.total_bytes  # an idle card
     assert device.name == name and name in device.described_from
-    matched, note = profile_with_note(name, load_profiles())
+    matched, note = profile_with_note(profile_name_of(device, load_profiles()), load_profiles())
     assert matched.name == profile
     # a card without a profile of its own says which profile stands in, and where its numbers came from
     assert bool(note) == (profile == "default")
@@ -48,7 +48,14 @@ def test_a_real_device_name_gives_its_cards_facts_and_profile(name, capability, 
         assert "'default' profile" in note and name in note and "fitdqn profile" in note
 
 
-def test_aliases_name_cards():
+def test_aliases_name_cards_and_their_profiles():
+    profiles = load_profiles()
+    for alias, card, profile in (("h100", "NVIDIA H100 80GB HBM3", "h100"), ("rtx3050ti", None, "rtx3050"),
+                                 ("h200-nvl", None, "default"), ("a100-40gb", None, "a100")):
+        device = what_if(alias, None, None)
+        assert device.name == alias  # the name the user gave, the card's facts behind it
+        assert profile_with_note(profile_name_of(device, profiles), profiles)[0].name == profile, alias
+        assert card is None or card in device.described_from
     assert find_card("h100").name == "NVIDIA H100 80GB HBM3"
     assert find_card("a100-40gb").total_bytes == 40960 * MIB
     assert find_card("rtx3050").name == "NVIDIA GeForce RTX 3050 Laptop GPU"  # the 4 GB card
@@ -66,12 +73,12 @@ def test_a_what_if_hopper_gets_the_hopper_workspace_rule():
     assert cuda_overhead_component(what_if("rtx3050", None, None).compute_capability).fixed_bytes == 32.5 * MIB
 
 
-def test_an_unknown_card_needs_its_total_memory_and_is_planned_on_the_safe_side():
-    with pytest.raises(UserError, match="--total-memory"):
-        what_if_device("Some Unknown GPU", None, 2 * GIB)
+def test_an_unknown_card_is_planned_on_the_safe_side_with_a_warning():
+    warned = what_if_device("Some Unknown GPU", None, 2 * GIB).described_from
+    assert warned.startswith("warning:") and "give --total-memory" in warned and "h100" in warned
     device = what_if_device("Some Unknown GPU", 8 * GIB, None)
     assert device.compute_capability is None and device.sm_count is None
-    assert "not in fitdqn's card table" in device.described_from
+    assert "not in fitdqn's card table" in device.described_from and "give --total-memory" not in device.described_from
     # compute capability unknown: the larger (sm_90) workspace rule, never the smaller
     assert cuda_overhead_component(None).fixed_bytes == 128 * MIB
     assert what_if_device(None, None, 2 * GIB).free_bytes == 2 * GIB  # --free-memory alone: an unnamed card

@@ -51,6 +51,7 @@ from fitdqn.budget.trace_cache import (
     traced_config_fields,
 )
 from fitdqn.config import Config, config_to_dict, for_device
+from fitdqn.device.cards import find_card
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile, profile_with_note
 from fitdqn.market.env import GOAL_COLUMN, NUM_AGENT_FIELDS, env_state_bytes, transition_spec
@@ -348,7 +349,7 @@ def profile_driver_bytes(config: Config, device: DeviceInfo) -> tuple[int, str]:
     if device.kind != "cuda":
         return 0, ""
     profiles = load_profiles(config.budget.profiles_dir or None)
-    profile = match_profile(device.name, profiles)
+    profile = match_profile(profile_name_of(device, profiles), profiles)
     if profile.driver_bytes is None:
         profile = profiles[DEFAULT_PROFILE]
     return profile.driver_bytes or 0, profile_driver_source(profile)
@@ -376,8 +377,8 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
     (``refine_auto_batch``)."""
     config = for_device(config, device.kind)
     profiles = load_profiles(config.budget.profiles_dir or None)
-    profile, profile_note = profile_with_note(device.name, profiles) if device.kind == "cuda" else (
-        match_profile(device.name, profiles), "")
+    profile, profile_note = profile_with_note(profile_name_of(device, profiles), profiles) \
+        if device.kind == "cuda" else (match_profile(device.name, profiles), "")
     inputs = inputs or PlanInputs.from_config(config)
     budget = config.budget
     wanted = budget.batch_size if budget.batch_size > 0 else profile.batch_size if budget.batch_size == -1 else 0
@@ -400,6 +401,13 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
             plan = refine_auto_batch(config, device, inputs, profile, plan, TRACE_BATCHES)
     notes = tuple(note for note in (device.described_from, profile_note) if note)
     return dataclasses.replace(plan, notes=(*notes, *plan.notes)) if notes else plan
+
+
+def profile_name_of(device: DeviceInfo, profiles) -> str:
+    """The name a profile is matched on: a what-if alias (``rtx3050ti``) by its card's real name, unless a profile
+    bears the alias itself."""
+    card = find_card(device.name) if device.what_if else None
+    return card.name if card is not None and device.name.strip().lower() not in profiles else device.name
 
 
 def sampleable_capacity(config: Config, capacity: int) -> int:

@@ -117,25 +117,26 @@ def what_if(name: str, total_bytes: int | None, free_bytes: int | None) -> Devic
     compute capability, SM count and, when no size is given, its total memory; ``described_from`` says which
     card was used, or that none was (then the plan takes the larger cuBLAS workspace rule and no SM cap)."""
     card = find_card(name)
-    if total_bytes is None and free_bytes is None and card is not None:
+    given_total = total_bytes is not None
+    if total_bytes is None and card is not None:
         total_bytes = card.total_bytes
     if total_bytes is None and free_bytes is not None:
         total_bytes = free_bytes
     if free_bytes is None:
         free_bytes = total_bytes
     if total_bytes is not None and free_bytes is not None and free_bytes > total_bytes:
-        raise UserError(
-            f"--free-memory ({free_bytes} bytes) exceeds --total-memory ({total_bytes} bytes): lower one"
-        )
+        whose = f", the card table's {card.name}" if card is not None else ""
+        raise UserError(f"--free-memory ({free_bytes} bytes) exceeds the total memory ({total_bytes} bytes{whose}): "
+                        "lower --free-memory or give --total-memory")
     if card is None:
-        described = (f"'{name}' is not in fitdqn's card table: compute capability and SM count unknown, so the "
-                     "larger cuBLAS workspace rule (sm_90's) and no SM cap on reduction scratch (upper bounds); "
-                     f"known cards: {known_names()}")
+        described = (f"warning: '{name}' is not in fitdqn's card table: compute capability and SM count unknown, so "
+                     "the larger cuBLAS workspace rule (sm_90's) and no SM cap on reduction scratch (upper bounds)"
+                     + ("" if given_total else "; total memory unknown: give --total-memory SIZE")
+                     + f"; known cards: {known_names()}")
         return DeviceInfo(name=name, kind="cuda", index=0, total_bytes=total_bytes, free_bytes=free_bytes,
                           compute_capability=None, bf16=True, what_if=True, described_from=described)
-    named = card.name if name.strip().lower() in card.aliases else name  # an alias stands for the card's name
     return DeviceInfo(
-        name=named, kind="cuda", index=0, total_bytes=total_bytes, free_bytes=free_bytes,
+        name=name, kind="cuda", index=0, total_bytes=total_bytes, free_bytes=free_bytes,
         compute_capability=card.compute_capability, bf16=card.compute_capability >= (8, 0), what_if=True,
         sm_count=card.sm_count, max_threads_per_sm=card.max_threads_per_sm,
         described_from=f"what-if '{name}': {card.name}, sm_{card.compute_capability[0]}{card.compute_capability[1]}"
@@ -144,13 +145,8 @@ def what_if(name: str, total_bytes: int | None, free_bytes: int | None) -> Devic
 
 
 def what_if_device(name: str | None, total_bytes: int | None, free_bytes: int | None) -> DeviceInfo:
-    """``what_if`` for the command line: a GPU the card table does not know needs ``--total-memory``."""
-    if name and find_card(name) is None and total_bytes is None:
-        raise UserError(
-            f"--gpu {name!r}: fitdqn's card table does not know this GPU, so its memory size, compute capability "
-            f"and SM count are unknown; give --total-memory SIZE (and --free-memory SIZE), or one of the known "
-            f"names: {known_names()}"
-        )
+    """``what_if`` for the command line (``--gpu``, ``--total-memory``, ``--free-memory``): a card the table does
+    not know is planned on the safe side with a warning in the plan's notes (``described_from``)."""
     return what_if(name or "what-if GPU", total_bytes, free_bytes)
 
 
