@@ -389,8 +389,11 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
         # through them guess the batch; beyond them it is searched by anchored traces (refine_auto_batch) and
         # the traces at TRACE_BATCHES are never needed
         components, capacity = build_components(config, device, inputs, lines_at=GRAPH_POOL_BATCHES)
-        guess = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
-        if guess.batch_size > max(GRAPH_POOL_BATCHES):
+        try:
+            guess = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
+        except InfeasiblePlan:
+            guess = None  # a small card: the lines at TRACE_BATCHES below decide (and say why, if nothing fits)
+        if guess is not None and guess.batch_size > max(GRAPH_POOL_BATCHES):
             plan = refine_auto_batch(config, device, inputs, profile, guess, GRAPH_POOL_BATCHES)
     if plan is None:
         components, capacity = build_components(config, device, inputs, anchor)
