@@ -21,6 +21,7 @@ replay.update_priorities``, on fake tensors (``fitdqn.budget.trace``), at two ba
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -54,12 +55,13 @@ from fitdqn.config import Config, config_to_dict, for_device
 from fitdqn.device.cards import find_card
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile, profile_with_note
+from fitdqn.device.sizes import format_bytes
 from fitdqn.market.env import GOAL_COLUMN, NUM_AGENT_FIELDS, env_state_bytes, transition_spec
 from fitdqn.market.features import NUM_FEATURES
 from fitdqn.market.observation import build_observation
 from fitdqn.nets.groups import MEMORY_GROUPS, parameter_groups
 from fitdqn.nets.kernels import resolve_kernels
-from fitdqn.replay.components import her_component, replay_component, replay_sample_bytes
+from fitdqn.replay.components import ReplayTooSmall, her_component, replay_component, replay_sample_bytes
 
 TRACE_BATCHES = (512, 1024)
 # The graph pool's fragmentation is not linear below a few thousand samples (at 512-1024 many per-sample
@@ -388,17 +390,31 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
         # an auto batch on a graphed GPU: the graph pool's traces (GRAPH_POOL_BATCHES) come first, so lines
         # through them guess the batch; beyond them it is searched by anchored traces (refine_auto_batch) and
         # the traces at TRACE_BATCHES are never needed
-        components, capacity = build_components(config, device, inputs, lines_at=GRAPH_POOL_BATCHES)
         try:
+            components, capacity = build_components(config, device, inputs, lines_at=GRAPH_POOL_BATCHES)
             guess = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
-        except InfeasiblePlan:
+        except (InfeasiblePlan, ReplayTooSmall):
             guess = None  # a small card: the lines at TRACE_BATCHES below decide (and say why, if nothing fits)
         if guess is not None and guess.batch_size > max(GRAPH_POOL_BATCHES):
             plan = refine_auto_batch(config, device, inputs, profile, guess, GRAPH_POOL_BATCHES)
     if plan is None:
-        components, capacity = build_components(config, device, inputs, anchor)
-        sampleable = sampleable_capacity(config, capacity)
-        plan = make_plan(device, profile, budget, components, capacity, sampleable)
+        components = None
+        try:
+            components, capacity = build_components(config, device, inputs, anchor)
+            make_plan(device, profile, budget, components, capacity)  # the memory's verdict first
+        except (InfeasiblePlan, ReplayTooSmall) as error:  # say what would be enough, not only what is short
+            if components is None and device.free_bytes is not None:  # the replay failed before the step was traced
+                components, _ = build_components(config, dataclasses.replace(device, free_bytes=None), inputs,
+                                                 anchor)
+            needed = least_free_bytes(config, device, profile, components) if components is not None else None
+            if needed is None:
+                raise
+            raise InfeasiblePlan(
+                f"{format_bytes(device.free_bytes)} free on {device.name} is too little for this config: it needs "
+                f"about {format_bytes(needed)} free (at that, `fitdqn plan --free-memory "
+                f"{math.ceil(needed / 2**20)}MiB` shows its plan). {error}"
+            ) from None
+        plan = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
         if (plan.batch_source == "auto" and plan.batch_size > max(GRAPH_POOL_BATCHES)
                 and device.free_bytes is not None):
             plan = refine_auto_batch(config, device, inputs, profile, plan, TRACE_BATCHES)
@@ -427,6 +443,41 @@ def sampleable_capacity(config: Config, capacity: int) -> int:
             "or lower replay.min_fill"
         )
     return sampleable
+
+
+LEAST_FREE_RESOLUTION = 2**20  # bytes: how close least_free_bytes gets
+LEAST_FREE_LIMIT = 2**40  # bytes: least_free_bytes gives up beyond this
+
+
+def least_free_bytes(config: Config, device: DeviceInfo, profile, components: list[Component]) -> int | None:
+    """The least free memory (to ``LEAST_FREE_RESOLUTION``) at which this config's plan succeeds on ``device``;
+    None if the device's memory is unknown or not even ``LEAST_FREE_LIMIT`` would do. ``components``: the plan's
+    (``build_components``); the step's do not depend on the free memory, so each trial of the bisection only sizes
+    the replay for its free memory (it grows with it, up to replay.capacity) and re-plans."""
+    if device.free_bytes is None:
+        return None
+    cuda_own = sum(c.fixed_bytes for c in device_overhead_components(config, device))
+    spec, num_envs = transition_spec(), config.collect.num_envs
+
+    def fits(free: int) -> bool:
+        trial = dataclasses.replace(device, free_bytes=free, total_bytes=max(device.total_bytes or 0, free))
+        try:
+            replay, capacity = replay_component(config, spec, max(free - cuda_own, 0), num_envs)
+            sized = [replay if c.name == "replay" else c for c in components]
+            make_plan(trial, profile, config.budget, sized, capacity)
+        except (InfeasiblePlan, ReplayTooSmall):
+            return False
+        return True
+
+    low, high = device.free_bytes, max(2 * device.free_bytes, 2**30)
+    while not fits(high):
+        low, high = high, 2 * high
+        if high > LEAST_FREE_LIMIT:
+            return None
+    while high - low > LEAST_FREE_RESOLUTION:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high
 
 
 AUTO_REFINE_ROUNDS = 5
