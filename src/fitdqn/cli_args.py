@@ -19,6 +19,8 @@ ALIASES: dict[str, str] = {
     "train.minutes": "--minutes",
     "train.seed": "--seed",
     "train.out": "--out",
+    "evaluate.seeds": "--seeds",
+    "evaluate.folds": "--folds",
 }
 
 

@@ -77,8 +77,8 @@ def evaluate_split(learner: Learner, market: Market, config: Config, split: str,
     results: dict[str, Any] = {
         "split": split,
         "bars": len(agent),
-        "first_time": str(stamps[0]) if len(stamps) else None,
-        "last_time": str(stamps[-1]) if len(stamps) else None,
+        "first_time": time_text(stamps[0]) if len(stamps) else None,
+        "last_time": time_text(stamps[-1]) if len(stamps) else None,
         "capital": capital,
         "currency": market.contract.currency,
         "periods_per_year": per_year,
@@ -108,6 +108,14 @@ def evaluate_split(learner: Learner, market: Market, config: Config, split: str,
         results[RANDOM]["seeds"] = len(runs)
         pnl[RANDOM] = np.mean([r.pnl for r in runs], axis=0)  # [N] the seeds' average P&L
     return SplitResult(results, agent, pnl)
+
+
+def time_text(stamp) -> str | None:
+    """A bar time as text: the date alone for daily bars (midnight), else date and time."""
+    t = pd.Timestamp(stamp)
+    if pd.isna(t):
+        return None
+    return t.date().isoformat() if t == t.normalize() else t.isoformat(sep=" ")
 
 
 def _mean(values: list) -> float | None:

@@ -32,7 +32,7 @@ def policy_label(name: str, config: Config, results: dict[str, Any] | None = Non
         "ma_crossover": f"MA {e.ma_fast}/{e.ma_slow}",
         "time_series_momentum": f"momentum {e.momentum_years * 12:g} mo",
         "last_bar_momentum": "last-bar momentum",
-        RANDOM: f"random ({config.train.eval_seeds} seeds)",
+        RANDOM: f"random ({config.train.eval_seeds} seed{'s' if config.train.eval_seeds != 1 else ''})",
     }
     return labels.get(name, name)
 
@@ -103,7 +103,7 @@ def metrics_table(results: dict[str, Any], config: Config) -> list[str]:
         row = results[name]
         cells = [fmt(row.get("total_return")), fmt(row.get("sharpe"), 2), fmt_ci(row.get("sharpe_ci")),
                  fmt(row.get("sortino"), 2), fmt(row.get("max_drawdown")), fmt(row.get("turnover")),
-                 fmt(row.get("trades")), fmt(row.get("win_rate"), 2)]
+                 fmt(row.get("trades"), 0), fmt(row.get("win_rate"), 2)]
         lines.append(f"| {policy_label(name, config)} | " + " | ".join(cells) + " |")
     diff = results["agent"].get("sharpe_minus_buy_and_hold")
     if diff:

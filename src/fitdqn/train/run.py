@@ -26,7 +26,7 @@ from fitdqn.config import Config, load_config
 from fitdqn.device.probe import probe
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
-from fitdqn.evaluate.compare import evaluate_split
+from fitdqn.evaluate.compare import evaluate_split, time_text
 from fitdqn.evaluate.plots import plot_equity, plot_learning_curves
 from fitdqn.evaluate.report import TABLE_WIDTH, policy_label, run_markdown, split_verdict
 from fitdqn.market.loader import Market
@@ -55,7 +55,7 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     """Train (or resume) a run in ``run_dir``; returns the report. ``market``: bars already loaded (a
     walk-forward fold's splits), else loaded from ``config.market``."""
     console = console or Console()
-    console.print(f"run directory: {run_dir}", highlight=False, markup=False)
+    console.print(f"run directory: {run_dir}", highlight=False, markup=False, soft_wrap=True)
     if resume and not (run_dir / CHECKPOINT_NAME).is_file():
         raise UserError(f"cannot resume: no {CHECKPOINT_NAME} in '{run_dir}'; start a new run without --resume")
     if not resume and (run_dir / CHECKPOINT_NAME).exists():
@@ -165,8 +165,8 @@ def select_network(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
     final_score = candidates[-1][1]
     best = load_checkpoint(run_dir / BEST_NAME, map_location=trainer.device) if (run_dir / BEST_NAME).is_file() \
         else None
-    if best is not None and best["validation_sharpe"] is not None and (
-            final_score is None or best["validation_sharpe"] > final_score):
+    if best is not None and best["validation_sharpe"] is not None and (  # a tie keeps the earlier network
+            final_score is None or best["validation_sharpe"] >= final_score):
         trainer.learner.online.load_state_dict(best["online"])
         epoch, score = int(best["epoch"]), float(best["validation_sharpe"])
     else:
@@ -191,7 +191,7 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
     bars = market.bars["timestamp"]
     report: dict[str, Any] = {
         "run_dir": str(run_dir), "data": config.market.data, "bars": market.num_bars,
-        "first_time": str(bars.iloc[0]), "last_time": str(bars.iloc[-1]),
+        "first_time": time_text(bars.iloc[0]), "last_time": time_text(bars.iloc[-1]),
         "contract": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(market.contract).items()},
         "epochs": trainer.epoch, "updates": trainer.updates_done, "batch_size": trainer.batch_size,
         "batch_source": trainer.plan.batch_source, "device": trainer.device_info.name,
@@ -225,7 +225,7 @@ def print_report(console: Console, markdown: str) -> None:
     """Print a report's markdown as written: no wrapping at the console's width (80 in a pipe)."""
     wide = Console(file=console.file, width=max(console.width, TABLE_WIDTH), soft_wrap=True, highlight=False,
                    markup=False, force_terminal=console.is_terminal, color_system=None)
-    wide.print(markdown, soft_wrap=True)
+    wide.print(markdown.rstrip("\n"), soft_wrap=True)
 
 
 def load_network(run_dir: Path, device, which: str = "best"):
@@ -273,6 +273,7 @@ def evaluate_run(run_dir: Path, split: str, device_spec: str = "auto", console: 
     text = "\n".join([f"{split} split of {config.market.data}, {results['bars']} bars, {network} network (epoch "
                       f"{state['epoch']})", "", results["verdict"], "", *metrics_table(result.results, config), ""])
     print_report(console, text)
+    atomic_write_text(run_dir / f"evaluate_{split}_pnl.csv", result.pnl_frame().to_csv(index=False))
     atomic_write_text(run_dir / f"evaluate_{split}.json", json.dumps(results, indent=2))
     return results
 
