@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from fitdqn.cli import main as cli
 from fitdqn.config import dump_config
 from fitdqn.train.run import print_report
-from fitdqn.train.study import evaluate_study
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_bars.py"
 
@@ -23,7 +23,7 @@ def load_script():
     return module
 
 
-def test_walk_forward_study_end_to_end(small_config, tmp_path):
+def test_walk_forward_study_end_to_end(small_config, tmp_path, capsys):
     config = small_config()
     toml = tmp_path / "small.toml"
     toml.write_text(dump_config(config))
@@ -64,9 +64,17 @@ def test_walk_forward_study_end_to_end(small_config, tmp_path):
     top = (study_dir / "report.md").read_text()
     assert top.splitlines()[2].startswith("**Verdict.** Across 2 seeds")
     # `fitdqn evaluate` on the study re-runs each member's best network on its own fold: the same figures
-    again = evaluate_study(study_dir, "test", "cpu", Console(file=io.StringIO()))
+    assert cli(["evaluate", str(study_dir), "--device", "cpu"]) == 0
+    again = json.loads((study_dir / "evaluate_test.json").read_text())
     assert again["pooled"]["agent"]["sharpe"] == pytest.approx(summary["pooled"]["agent"]["sharpe"])
     assert again["pooled"]["ma_crossover"] == summary["pooled"]["ma_crossover"]
+    assert "Across 2 seeds x 2 walk-forward folds" in capsys.readouterr().out
+    member = study_dir / members[0]["dir"]
+    (member / "best.pt").unlink()
+    assert cli(["evaluate", str(member), "--device", "cpu", "--split", "validation"]) == 2
+    assert "--network last" in capsys.readouterr().err
+    assert cli(["evaluate", str(member), "--device", "cpu", "--network", "last"]) == 0
+    assert json.loads((member / "evaluate_test.json").read_text())["network"] == "last"
 
 
 def test_printed_reports_do_not_wrap_in_a_pipe():

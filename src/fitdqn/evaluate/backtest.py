@@ -105,10 +105,11 @@ def segment_layout(steps: int, episode_length: int, segments: int) -> tuple[int,
 
 
 def _progress(progress: Progress_, total: int, label: str):
-    """(progress, task, own): a task on the caller's Progress, a transient one on a Console, or nothing."""
+    """(progress, task, own): a task on the caller's Progress, a transient bar on a terminal Console, or
+    nothing."""
     if isinstance(progress, Progress):
         return progress, progress.add_task(label, total=total, status=label), False
-    if isinstance(progress, Console):
+    if isinstance(progress, Console) and progress.is_terminal:  # a pipe or a log gets no bar
         bar = Progress(TextColumn("[bold]{task.description}"), MofNCompleteColumn(), BarColumn(),
                        TimeElapsedColumn(), console=progress, transient=True)
         bar.start()
