@@ -52,9 +52,10 @@ def plot_equity(curves: dict[str, np.ndarray], path: str | Path, title: str,
 
 def plot_learning_curves(records: list[dict[str, Any]], path: str | Path,
                          keys: tuple[str, ...] = ("loss", "c51_loss", "iqn_loss", "iql_loss", "q_mean",
-                                                  "validation_sharpe")) -> Path:
+                                                  "validation_sharpe"),
+                         chosen_epoch: int | None = None) -> Path:
     """One panel per scalar found in the JSONL records, all on one x axis of whole epochs (``record["epoch"]``,
-    else ``record["step"]``)."""
+    else ``record["step"]``). ``chosen_epoch``: the reported network's epoch, a dashed line on every panel."""
     from matplotlib.ticker import MaxNLocator
 
     plt = _pyplot()
@@ -66,6 +67,11 @@ def plot_learning_curves(records: list[dict[str, Any]], path: str | Path,
         ax.plot(*zip(*points, strict=True), marker="." if len(points) < 50 else None)
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)
+        if chosen_epoch is not None:
+            ax.axvline(chosen_epoch, color="0.4", linestyle="--", linewidth=0.8)
+    if chosen_epoch is not None and present:
+        axes[0, 0].set_title(f"dashed: epoch {chosen_epoch}, the network reported (best validation Sharpe)",
+                             fontsize="small")
     axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[-1, 0].set_xlabel("epoch")
     return _save(fig, plt, path)

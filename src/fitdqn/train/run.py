@@ -212,7 +212,7 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
     plot_equity(curves, run_dir / "equity_test.png", f"test split: {config.market.data} "
                 f"({test.results['currency']}, capital {test.results['capital']:,.0f})", test.agent.timestamp)
     plot_learning_curves([r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"],
-                         run_dir / "learning_curves.png")
+                         run_dir / "learning_curves.png", chosen_epoch=selection["epoch"])
     atomic_write_text(run_dir / "test_pnl.csv", test.pnl_frame().to_csv(index=False))
     atomic_write_text(run_dir / "report.json", json.dumps(report, indent=2))
     markdown = run_markdown(report, config)
