@@ -215,7 +215,7 @@ def run_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fitdqn.train.run import default_run_dir, resume_config, train
-    from fitdqn.train.study import is_study, run_study
+    from fitdqn.train.study import is_study, member_market, run_study
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -227,8 +227,8 @@ def run_train(args: argparse.Namespace) -> int:
         run_dir = Path(config.train.out) if config.train.out else default_run_dir()
     if is_study(config):  # --seeds / --folds: several runs under run_dir, one report (continues where it was)
         run_study(config, run_dir)
-    else:
-        train(config, run_dir, resume=bool(args.resume))
+    else:  # a walk-forward member resumes on its own fold's bars
+        train(config, run_dir, resume=bool(args.resume), market=member_market(config, run_dir))
     return 0
 
 

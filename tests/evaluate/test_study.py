@@ -10,8 +10,9 @@ import pytest
 from rich.console import Console
 
 from fitdqn.cli import main as cli
-from fitdqn.config import dump_config
+from fitdqn.config import dump_config, load_config
 from fitdqn.train.run import print_report
+from fitdqn.train.study import member_market
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_bars.py"
 
@@ -70,6 +71,12 @@ def test_walk_forward_study_end_to_end(small_config, tmp_path, capsys):
     assert again["pooled"]["ma_crossover"] == summary["pooled"]["ma_crossover"]
     assert "Across 2 seeds x 2 walk-forward folds" in capsys.readouterr().out
     member = study_dir / members[0]["dir"]
+    # a member is an ordinary run on its fold's bars: `fitdqn train --resume MEMBER` stays on that fold
+    member_config = load_config(member / "config.toml")
+    assert (member_config.evaluate.seeds, member_config.evaluate.folds) == (1, 1)
+    view = member_market(member_config, member)
+    assert [view.splits[k].stop for k in ("train", "validation", "test")] == [layout[0][k][1] for k in (
+        "train", "validation", "test")]
     (member / "best.pt").unlink()
     assert cli(["evaluate", str(member), "--device", "cpu", "--split", "validation"]) == 2
     assert "--network last" in capsys.readouterr().err

@@ -16,8 +16,10 @@ would.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from fitdqn.config import Config
 from fitdqn.errors import UserError
@@ -37,6 +39,11 @@ class Fold:
 
     def to_json(self) -> dict:
         return {"index": self.index, **{name: [s.start, s.stop] for name, s in self.splits().items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Fold:
+        return cls(int(data["index"]), *(Split(name, int(data[name][0]), int(data[name][1]))
+                                         for name in ("train", "validation", "test")))
 
 
 def purge_for(config: Config, num_bars: int) -> int:
@@ -81,3 +88,12 @@ def fold_market(market: Market, fold: Fold, config: Config) -> Market:
     except UserError as error:
         raise UserError(f"walk-forward fold {fold.index}: {error}") from None
     return fold_view
+
+
+FOLD_NAME = "fold.json"
+
+
+def run_fold(run_dir: Path) -> Fold | None:
+    """The fold a run directory was trained on (its fold.json, written by a walk-forward study), or None."""
+    path = Path(run_dir) / FOLD_NAME
+    return Fold.from_json(json.loads(path.read_text())) if path.is_file() else None

@@ -199,7 +199,7 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
                           f"{format_bytes(trainer.plan.device.free_bytes or 0)} free",
         "selection": selection,
     }
-    fold = run_dir / "fold.json"
+    fold = run_dir / "fold.json"  # a walk-forward member (fitdqn.train.study)
     if fold.is_file():
         report["fold"] = json.loads(fold.read_text())
     results = {}
@@ -258,15 +258,14 @@ def evaluate_run(run_dir: Path, split: str, device_spec: str = "auto", console: 
     writes ``evaluate_<split>.json``. A walk-forward fold's run uses its fold's ranges (fold.json)."""
     from fitdqn.device.probe import resolve_device
     from fitdqn.evaluate.report import metrics_table
-    from fitdqn.evaluate.walk_forward import fold_market, folds_for
+    from fitdqn.evaluate.walk_forward import fold_market, run_fold
 
     console = console or Console()
     device = resolve_device(device_spec)
     config, learner, market, state = load_network(run_dir, device, network)
-    fold_file = run_dir / "fold.json"
-    if fold_file.is_file():
-        index = json.loads(fold_file.read_text())["index"]
-        market = fold_market(market, folds_for(config, market.num_bars)[index], config)
+    fold = run_fold(run_dir)
+    if fold is not None:  # a walk-forward member: its own fold's ranges
+        market = fold_market(market, fold, config)
     result = evaluate_split(learner, market, config, split, progress=console)
     results = {**result.results, "network": network, "epoch": int(state["epoch"]),
                "verdict": split_verdict(result.results, config)}

@@ -20,8 +20,8 @@ from rich.console import Console
 from fitdqn.config import Config
 from fitdqn.evaluate.baselines import periods_per_year
 from fitdqn.evaluate.report import study_markdown, study_summary, study_verdict
-from fitdqn.evaluate.walk_forward import Fold, fold_market, folds_for
-from fitdqn.market.loader import load_market
+from fitdqn.evaluate.walk_forward import FOLD_NAME, Fold, fold_market, folds_for, run_fold
+from fitdqn.market.loader import Market, load_market
 from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.train.run import print_report, train
 from fitdqn.train.trainer import CHECKPOINT_NAME, write_run_config
@@ -36,6 +36,21 @@ def is_study(config: Config) -> bool:
 def member_dir(run_dir: Path, seed_index: int, fold: Fold | None) -> Path:
     seed = run_dir / f"seed_{seed_index}"
     return seed if fold is None else seed / f"fold_{fold.index}"
+
+
+def member_of(config: Config, run_dir: Path) -> Config:
+    """A member's own config: one run (seeds 1, folds 1; its fold's ranges are in its fold.json) in run_dir."""
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, out=str(run_dir)),
+                               evaluate=dataclasses.replace(config.evaluate, seeds=1, folds=1))
+
+
+def member_market(config: Config, run_dir: Path) -> Market | None:
+    """The bars of a walk-forward member (``fitdqn train --resume MEMBER_DIR``): its fold's ranges; None for a
+    run that is not a fold."""
+    fold = run_fold(run_dir)
+    if fold is None:
+        return None
+    return fold_market(load_market(config.market, window=config.net.window, device="cpu"), fold, config)
 
 
 def run_study(config: Config, run_dir: Path, console: Console | None = None) -> dict[str, Any]:
@@ -60,9 +75,8 @@ def run_study(config: Config, run_dir: Path, console: Console | None = None) -> 
             else:
                 if fold is not None:
                     sub.mkdir(parents=True, exist_ok=True)
-                    atomic_write_text(sub / "fold.json", json.dumps(fold.to_json()))
-                member_config = dataclasses.replace(seed_config, train=dataclasses.replace(
-                    seed_config.train, out=str(sub)))
+                    atomic_write_text(sub / FOLD_NAME, json.dumps(fold.to_json()))
+                member_config = member_of(seed_config, sub)
                 report = train(member_config, sub, resume=(sub / CHECKPOINT_NAME).is_file(), console=console,
                                market=views[fold.index] if fold is not None else None)
             members.append({"seed": s, "fold": fold.index if fold is not None else 0,
