@@ -137,7 +137,8 @@ def run_markdown(report: dict[str, Any], config: Config) -> str:
     lines = [f"# fitdqn run: {config.market.data}", "", "**Verdict.** " + report["verdict"], "",
              f"Run directory: {report['run_dir']}", "",
              f"Data: {config.market.data}, {report['bars']} bars ({report['first_time']} .. {report['last_time']})"
-             + (f", walk-forward fold {report['fold']['index']}" if report.get("fold") else "") + ".", "",
+             + (f", walk-forward fold {report['fold']['index']}" if report.get("fold") else "")
+             + f"; trained on {report['train_bars'][0]} .. {report['train_bars'][1]}.", "",
              "Contract: " + contract_line_from(report), "", units_line(test, config), "",
              f"Training: {report['epochs']} epochs, {report['updates']} updates at batch {report['batch_size']} "
              f"({report['batch_source']}) on {report['device']}; planned memory {report['planned_memory']}.", "",

@@ -192,6 +192,8 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
     report: dict[str, Any] = {
         "run_dir": str(run_dir), "data": config.market.data, "bars": market.num_bars,
         "first_time": time_text(bars.iloc[0]), "last_time": time_text(bars.iloc[-1]),
+        "train_bars": [time_text(bars.iloc[market.first_bar("train", config.net.window)]),
+                       time_text(bars.iloc[market.splits["train"].stop - 1])],
         "contract": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(market.contract).items()},
         "epochs": trainer.epoch, "updates": trainer.updates_done, "batch_size": trainer.batch_size,
         "batch_source": trainer.plan.batch_source, "device": trainer.device_info.name,
