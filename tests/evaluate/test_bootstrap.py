@@ -5,19 +5,32 @@ import math
 import numpy as np
 import pytest
 
-from fitdqn.evaluate.bootstrap import auto_block_length, bootstrap_sharpe, stationary_indices
+from fitdqn.evaluate.bootstrap import _Moments, auto_block_length, block_indices, bootstrap_sharpe, stationary_blocks
+from fitdqn.evaluate.metrics import sharpe_ratio
 
 OPTIONS = dict(samples=400, block_length=0.0, confidence=0.95)
 
 
-def test_indices_run_in_blocks_of_the_given_mean_length():
+def test_blocks_have_the_given_mean_length_and_cover_every_bar():
     rng = np.random.default_rng(0)
-    index = stationary_indices(rng, 1000, 10.0, 200)  # [200, 1000]
-    assert index.shape == (200, 1000) and index.min() >= 0 and index.max() < 1000
+    starts, lengths = stationary_blocks(rng, 1000, 10.0, 200)  # [200, m] each
+    assert (lengths.sum(axis=1) == 1000).all() and starts.min() >= 0 and starts.max() < 1000
+    whole = lengths[:, :-1][lengths[:, 1:] > 0]  # blocks not cut by the end of the row
+    assert whole.mean() == pytest.approx(10.0, rel=0.05)
+    index = block_indices(starts, lengths, 1000)  # [200, 1000]
     continues = (np.diff(index, axis=1) % 1000) == 1  # the next bar of the same block (wrapping)
-    assert 1 / (1 - continues.mean()) == pytest.approx(10.0, rel=0.1)  # mean block length
+    assert 1 / (1 - continues.mean()) == pytest.approx(10.0, rel=0.1)
     counts = np.bincount(index.ravel(), minlength=1000)
     assert counts.min() > 0.7 * counts.mean()  # every bar is drawn about equally often (the wrap)
+
+
+def test_block_sums_equal_the_statistic_of_the_spelled_out_resample():
+    x = np.random.default_rng(2).normal(0.01, 0.02, 500) + 3.0  # a large mean: no cancellation
+    starts, lengths = stationary_blocks(np.random.default_rng(3), 500, 7.0, 50)
+    fast = _Moments(x).sharpe(starts, lengths, 252.0)
+    rows = x[block_indices(starts, lengths, 500)]  # [50, 500]
+    slow = [sharpe_ratio(r, 252.0) for r in rows]
+    np.testing.assert_allclose(fast, slow, rtol=1e-9)
 
 
 def test_interval_covers_the_true_sharpe_of_iid_normal_returns():

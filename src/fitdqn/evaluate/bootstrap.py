@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-CHUNK_ELEMENTS = 1 << 21  # resampled bars held at once (bounds memory for long series)
+from fitdqn.evaluate.metrics import sharpe_ratio
+
+CHUNK_ELEMENTS = 1 << 21  # blocks held at once (bounds memory for long series)
 
 
 @dataclass(frozen=True)
@@ -41,25 +43,56 @@ def auto_block_length(n: int) -> float:
     return max(1.0, round(n ** (1.0 / 3.0)))
 
 
-def stationary_indices(rng: np.random.Generator, n: int, block_length: float, count: int) -> np.ndarray:
-    """[count, n] int64 resampling indices: blocks start uniformly at random, a new block begins at each bar
-    with probability 1 / block_length, and a block runs on (wrapping at n) until the next one begins."""
-    t = np.arange(n)
-    new = rng.random((count, n)) < 1.0 / block_length  # [count, n] bool: a block begins here
-    new[:, 0] = True
-    starts = rng.integers(0, n, size=(count, n))  # [count, n] where a block beginning at t starts
-    begun = np.maximum.accumulate(np.where(new, t, 0), axis=1)  # [count, n] bar where the current block began
-    return (np.take_along_axis(starts, begun, axis=1) + t - begun) % n
+def stationary_blocks(rng: np.random.Generator, n: int, block_length: float, count: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` resamples of ``n`` bars as blocks: (starts, lengths), each ``[count, m]`` int64. Starts are
+    uniform in [0, n), lengths geometric with mean ``block_length``, the last block cut so each row's lengths
+    sum to exactly n (blocks past it have length 0). Block b of a row covers bars ``start_b, start_b + 1, ...``
+    wrapping at n: the stationary bootstrap of Politis & Romano."""
+    m = int(n / block_length * 1.25) + 16  # blocks per row: enough for almost every row, topped up below
+    lengths = rng.geometric(1.0 / block_length, size=(count, m))  # [count, m] >= 1
+    while (lengths.sum(axis=1) < n).any():
+        lengths = np.concatenate([lengths, rng.geometric(1.0 / block_length, size=(count, m))], axis=1)
+    begun = np.cumsum(lengths, axis=1) - lengths  # [count, m'] bars before each block
+    lengths = np.clip(n - begun, 0, lengths)  # the block crossing n is cut, later ones are empty
+    starts = rng.integers(0, n, size=lengths.shape)
+    return starts, lengths
 
 
-def _sharpe_rows(x: np.ndarray, per_year: float) -> np.ndarray:
-    """Annualised Sharpe of each row of ``x [c, n]`` (ddof 1; +-inf for constant non-zero rows)."""
-    mean = x.mean(axis=1)
-    std = x.std(axis=1, ddof=1)
-    flat = std <= 1e-15 * np.maximum(np.abs(mean), 1e-300)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = math.sqrt(per_year) * mean / np.where(flat, 1.0, std)
-    return np.where(flat, np.where(mean == 0, 0.0, np.sign(mean) * np.inf), ratio)
+def block_indices(starts: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
+    """[count, n] the bar indices the blocks of :func:`stationary_blocks` spell out (a reference for tests and
+    for statistics that need the resampled series itself)."""
+    rows = []
+    for row_starts, row_lengths in zip(starts, lengths, strict=True):
+        offsets = np.arange(int(row_lengths.sum())) - np.repeat(np.cumsum(row_lengths) - row_lengths, row_lengths)
+        rows.append((np.repeat(row_starts, row_lengths) + offsets) % n)
+    return np.stack(rows)
+
+
+class _Moments:
+    """Sums of x and x^2 over any wrapped block of a series in O(1) (prefix sums of the series twice over)."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.n = len(x)
+        self.shift = float(x.mean())  # sums of x - shift: no cancellation when the mean is large
+        twice = np.concatenate([x, x]) - self.shift  # [2n]
+        self.s1 = np.concatenate([[0.0], np.cumsum(twice)])  # [2n + 1]
+        self.s2 = np.concatenate([[0.0], np.cumsum(twice * twice)])
+
+    def sharpe(self, starts: np.ndarray, lengths: np.ndarray, per_year: float) -> np.ndarray:
+        """[count] annualised Sharpe (ddof 1) of each resample, from its blocks."""
+        ends = starts + lengths  # <= 2n - 1
+        n = self.n
+        total = (self.s1[ends] - self.s1[starts]).sum(axis=1)  # [count] sum of (x - shift)
+        squares = (self.s2[ends] - self.s2[starts]).sum(axis=1)
+        centred = total / n
+        variance = np.maximum(squares - n * centred * centred, 0.0) / (n - 1)
+        mean = centred + self.shift
+        std = np.sqrt(variance)
+        flat = std <= 1e-15 * np.maximum(np.abs(mean), 1e-300)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = math.sqrt(per_year) * mean / np.where(flat, 1.0, std)
+        return np.where(flat, np.where(mean == 0, 0.0, np.sign(mean) * np.inf), ratio)
 
 
 def bootstrap_sharpe(
@@ -73,7 +106,8 @@ def bootstrap_sharpe(
     baseline: np.ndarray | None = None,
 ) -> Interval:
     """Bootstrap interval of the annualised Sharpe of ``returns [n]`` or, with ``baseline [n]`` (the same
-    bars), of ``Sharpe(returns) - Sharpe(baseline)``. ``block_length <= 0``: :func:`auto_block_length`."""
+    bars), of ``Sharpe(returns) - Sharpe(baseline)``. ``block_length <= 0``: :func:`auto_block_length`.
+    Each resample costs O(n / block_length): its statistic is summed block by block from prefix sums."""
     x = np.asarray(returns, dtype=np.float64)
     n = len(x)
     if baseline is not None:
@@ -81,20 +115,20 @@ def bootstrap_sharpe(
         if len(b) != n:
             raise ValueError(f"paired bootstrap needs series of one length, got {n} and {len(b)}")
     block = auto_block_length(n) if block_length <= 0 else float(block_length)
-
-    def statistic(rows_x: np.ndarray, rows_b: np.ndarray | None) -> np.ndarray:
-        s = _sharpe_rows(rows_x, periods_per_year)
-        return s if rows_b is None else s - _sharpe_rows(rows_b, periods_per_year)
-
-    estimate = float(statistic(x[None], None if baseline is None else b[None])[0])
+    estimate = sharpe_ratio(x, periods_per_year) - (0.0 if baseline is None else sharpe_ratio(b, periods_per_year))
     if n < 2:
         return Interval(estimate, math.nan, math.nan, confidence, 0, block)
+    moments = _Moments(x)
+    base = None if baseline is None else _Moments(b)
     rng = np.random.default_rng(seed)
-    chunk = max(1, CHUNK_ELEMENTS // n)
+    chunk = max(1, CHUNK_ELEMENTS // (int(n / block) + 16))
     values = []
     for first in range(0, samples, chunk):
-        index = stationary_indices(rng, n, block, min(chunk, samples - first))  # [c, n]
-        values.append(statistic(x[index], None if baseline is None else b[index]))
+        starts, lengths = stationary_blocks(rng, n, block, min(chunk, samples - first))  # [c, m] each
+        stat = moments.sharpe(starts, lengths, periods_per_year)
+        if base is not None:
+            stat = stat - base.sharpe(starts, lengths, periods_per_year)
+        values.append(stat)
     stats = np.concatenate(values)
     stats = stats[~np.isnan(stats)]  # inf - inf (two constant series) has no sign
     if not stats.size:
