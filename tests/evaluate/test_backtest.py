@@ -130,3 +130,17 @@ def test_bar_rules_run_without_observations_and_match_a_policy(sp500_market):
     bars = one.decision_bar
     expected = 2 * torch.sign(close[bars] - close[bars - 1]).numpy()
     np.testing.assert_array_equal(one.target, expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_segmented_backtest_on_cuda_equals_the_cpu():
+    config = with_overrides(Config(), {"market.data": "synthetic"})
+    cpu_market = load_market(config.market, window=8)
+    gpu_market = load_market(config.market, window=8, device="cuda")
+    rule = rule_policies(cpu_market, config, 252.0)["ma_crossover"]
+    cpu = evaluate_policy(rule, cpu_market, "test", episode_length=256, segments=1, **SIZES)
+    cuda = evaluate_policy(rule_policies(gpu_market, config, 252.0)["ma_crossover"], gpu_market, "test",
+                           episode_length=256, segments=1024, **SIZES)
+    assert cuda.segments > 1
+    np.testing.assert_array_equal(cuda.position, cpu.position)
+    np.testing.assert_allclose(cuda.pnl, cpu.pnl, rtol=1e-5, atol=1e-2)
