@@ -151,18 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint "
                        "(its config.toml is used; options given here override it)")
-    add_config_arguments(train, COMMON_KNOBS + TRAIN_KNOBS)
+    add_config_arguments(train, COMMON_KNOBS + TRAIN_KNOBS + ("evaluate.seeds", "evaluate.folds"))
     train.set_defaults(run=run_train)
 
     evaluate = commands.add_parser(
         "evaluate", help="backtest a run's checkpoint on a split",
-        description="Re-run the backtest of RUN_DIR's checkpoint on --split beside buy-and-hold and a random "
-        "policy; prints the metrics and writes evaluate_<split>.json into RUN_DIR.",
+        description="Re-run the backtest of RUN_DIR's network (the best by validation, or --network last) on "
+        "--split beside buy-and-hold, the rule baselines and a random policy, with bootstrap intervals on Sharpe; "
+        "prints the verdict and the metrics and writes evaluate_<split>.json into RUN_DIR. On a study (trained "
+        "with --seeds or --folds) every seed and fold is evaluated on its own bars and reported together.",
     )
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train")
     evaluate.add_argument("--split", choices=("train", "validation", "test"), default="test",
                           help="which bars to backtest on (default: test)")
     evaluate.add_argument("--device", default="auto", help="device to evaluate on (default: auto)")
+    evaluate.add_argument("--network", choices=("best", "last"), default="best",
+                          help="best: the network with the best validation Sharpe (best.pt, what the report "
+                          "shows); last: the latest checkpoint's (default: best)")
     evaluate.set_defaults(run=run_evaluate)
 
     bench = add_command(
@@ -301,6 +306,7 @@ def run_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fitdqn.train.run import default_run_dir, resume_config, train
+    from fitdqn.train.study import is_study, member_market, run_study
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -310,7 +316,10 @@ def run_train(args: argparse.Namespace) -> int:
     else:
         config = config_for(args)
         run_dir = Path(config.train.out) if config.train.out else default_run_dir()
-    train(config, run_dir, resume=bool(args.resume))
+    if is_study(config):  # --seeds / --folds: several runs under run_dir, one report (continues where it was)
+        run_study(config, run_dir)
+    else:  # a walk-forward member resumes on its own fold's bars
+        train(config, run_dir, resume=bool(args.resume), market=member_market(config, run_dir))
     return 0
 
 
@@ -318,8 +327,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fitdqn.train.run import evaluate_run
+    from fitdqn.train.study import STUDY_NAME, evaluate_study
 
-    evaluate_run(Path(args.run_dir), args.split, args.device)
+    run_dir = Path(args.run_dir)
+    if (run_dir / STUDY_NAME).is_file():
+        evaluate_study(run_dir, args.split, args.device, network=args.network)
+    else:
+        evaluate_run(run_dir, args.split, args.device, network=args.network)
     return 0
 
 
