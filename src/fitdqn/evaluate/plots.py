@@ -1,4 +1,4 @@
-"""PNG plots of a run: equity with drawdown against buy-and-hold, and learning curves."""
+"""PNG plots of a run: equity with drawdown beside the baselines, and learning curves by whole epoch."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from fitdqn.evaluate.metrics import drawdown
 from fitdqn.files import atomic_savefig
-from fitdqn.train.metrics import drawdown
 
 
 def _pyplot():
@@ -22,7 +22,8 @@ def _pyplot():
 
 def plot_equity(curves: dict[str, np.ndarray], path: str | Path, title: str,
                 times: np.ndarray | None = None) -> Path:
-    """curves: name -> equity [T + 1]; the first is the agent. Top: equity; bottom: drawdown.
+    """curves: name -> equity [T + 1] (currency); the first is the agent (drawn thicker, its drawdown filled),
+    the others are baselines. Top: equity; bottom: drawdown.
 
     ``times [T]``: the time of each step's fill bar; the x axis shows dates when given (else bar numbers).
     """
@@ -31,12 +32,18 @@ def plot_equity(curves: dict[str, np.ndarray], path: str | Path, title: str,
     length = len(next(iter(curves.values())))
     dated = times is not None and len(times) == length - 1 and not np.isnat(np.asarray(times)[0])
     x = np.concatenate([np.asarray(times)[:1], np.asarray(times)]) if dated else np.arange(length)
+    first = next(iter(curves))
     for name, equity in curves.items():
-        equity_ax.plot(x, equity, label=name, linewidth=1.4 if name == next(iter(curves)) else 0.9)
-        dd_ax.fill_between(x, -100 * drawdown(equity), alpha=0.35, label=name)
+        lead = name == first
+        line, = equity_ax.plot(x, equity, label=name, linewidth=1.6 if lead else 0.8, alpha=1.0 if lead else 0.8,
+                               zorder=3 if lead else 2)
+        if lead:
+            dd_ax.fill_between(x, -100 * drawdown(equity), alpha=0.35, label=name, color=line.get_color())
+        else:
+            dd_ax.plot(x, -100 * drawdown(equity), linewidth=0.6, alpha=0.7, color=line.get_color())
     equity_ax.set_ylabel("equity")
     equity_ax.set_title(title)
-    equity_ax.legend()
+    equity_ax.legend(fontsize="small", ncol=2)
     equity_ax.grid(alpha=0.3)
     dd_ax.set_ylabel("drawdown %")
     dd_ax.set_xlabel("date" if dated else "bar")
@@ -46,16 +53,27 @@ def plot_equity(curves: dict[str, np.ndarray], path: str | Path, title: str,
 
 def plot_learning_curves(records: list[dict[str, Any]], path: str | Path,
                          keys: tuple[str, ...] = ("loss", "c51_loss", "iqn_loss", "iql_loss", "q_mean",
-                                                  "validation_sharpe")) -> Path:
-    """One panel per scalar found in the JSONL records (by epoch)."""
+                                                  "validation_sharpe"),
+                         chosen_epoch: int | None = None) -> Path:
+    """One panel per scalar found in the JSONL records, all on one x axis of whole epochs (``record["epoch"]``,
+    else ``record["step"]``). ``chosen_epoch``: the reported network's epoch, a dashed line on every panel."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = _pyplot()
     present = [k for k in keys if any(k in r and r[k] is not None for r in records)]
-    fig, axes = plt.subplots(max(len(present), 1), 1, figsize=(9, 2.2 * max(len(present), 1)), squeeze=False)
+    fig, axes = plt.subplots(max(len(present), 1), 1, figsize=(9, 2.2 * max(len(present), 1)), squeeze=False,
+                             sharex=True)
     for ax, key in zip(axes[:, 0], present, strict=False):
-        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        points = [(int(r.get("epoch", r["step"])), r[key]) for r in records if r.get(key) is not None]
         ax.plot(*zip(*points, strict=True), marker="." if len(points) < 50 else None)
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)
+        if chosen_epoch is not None:
+            ax.axvline(chosen_epoch, color="0.4", linestyle="--", linewidth=0.8)
+    if chosen_epoch is not None and present:
+        axes[0, 0].set_title(f"dashed: epoch {chosen_epoch}, the network reported (best validation Sharpe)",
+                             fontsize="small")
+    axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[-1, 0].set_xlabel("epoch")
     return _save(fig, plt, path)
 
