@@ -213,7 +213,7 @@ class TrainConfig:
                                gt=0)
     cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
     oom_retries: int = knob(4, "times the OOM guard re-plans an epoch (or retries an evaluation or checkpoint) "
-                            "that ran out of device memory before the run stops")
+                            "that ran out of device memory before the run stops", ge=0)
     threads: int = knob(
         0, "CPU threads for torch; 0 = auto: OMP_NUM_THREADS if set, else the cores this process may use "
         "(CPU affinity, capped by a container's CPU quota)", ge=0)
@@ -238,22 +238,23 @@ class EvaluateConfig:
 
     segments: int = knob(
         1024, "most contiguous segments of whole episodes a backtest steps in parallel (one network forward per "
-        "step for all); 1 = one env bar by bar (the same result, slower)")
+        "step for all); 1 = one env bar by bar (the same result, slower)", ge=1)
     folds: int = knob(
         1, "1: train/validation/test by market.*_fraction; K >= 2: walk-forward: the bars after "
         "market.train_fraction are K test blocks, each fold validates on the market.validation_fraction of bars "
-        "before its block and trains on everything earlier (one network per fold)")
+        "before its block and trains on everything earlier (one network per fold)", ge=1)
     purge_bars: int = knob(
         -1, "bars left out between a fold's train, validation and test ranges; -1 = auto: 1 % of the bars, at "
-        "least learn.n_step")
-    seeds: int = knob(1, "training seeds (train.seed, +1, ...), each its own run directory; reported together")
-    bootstrap_samples: int = knob(2000, "stationary block bootstrap resamples for Sharpe confidence intervals")
-    block_length: float = knob(0.0, "mean bootstrap block length in bars; 0 = auto: n^(1/3)")
-    confidence: float = knob(0.95, "confidence level of the intervals")
-    bootstrap_seed: int = knob(0, "seed of the bootstrap resampling")
-    ma_fast: int = knob(50, "fast moving average of the MA crossover baseline (bars)")
-    ma_slow: int = knob(200, "slow moving average of the MA crossover baseline (bars)")
-    momentum_years: float = knob(1.0, "lookback of the time-series momentum baseline, in years of bars")
+        "least learn.n_step", ge=-1)
+    seeds: int = knob(1, "training seeds (train.seed, +1, ...), each its own run directory; reported together", ge=1)
+    bootstrap_samples: int = knob(2000, "stationary block bootstrap resamples for Sharpe confidence intervals", ge=100)
+    block_length: float = knob(0.0, "mean bootstrap block length in bars; 0 = auto: n^(1/3)", ge=0)
+    confidence: float = knob(0.95, "confidence level of the intervals", ge=0.5, lt=1)
+    bootstrap_seed: int = knob(0, "seed of the bootstrap resampling", ge=0, le=SEED_MAX)
+    ma_fast: int = knob(50, "fast moving average of the MA crossover baseline (bars)", ge=1)
+    ma_slow: int = knob(200, "slow moving average of the MA crossover baseline (bars)", ge=1)
+    momentum_years: float = knob(1.0, "lookback of the time-series momentum baseline, in years of bars",
+                                   gt=0)
 
     def __post_init__(self) -> None:
         checks = [

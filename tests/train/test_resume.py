@@ -273,7 +273,7 @@ def test_resume_after_a_time_limit_takes_a_new_limit_or_none(tmp_path, monkeypat
     run.mkdir()
     (run / "config.toml").write_text(dump_config(with_overrides(Config(), {"train.minutes": 5.0})))
     seen = []
-    monkeypatch.setattr(run_module, "train", lambda config, run_dir, resume: seen.append(config.train.minutes))
+    monkeypatch.setattr(run_module, "train", lambda config, run_dir, resume, **_: seen.append(config.train.minutes))
     assert main(["train", "--resume", str(run)]) == 0
     assert main(["train", "--resume", str(run), "--minutes", "2"]) == 0
     assert seen == [0.0, 2.0]
