@@ -341,3 +341,13 @@ def test_a_csv_without_volume_trains(tmp_path):
     }
     report = train(with_overrides(Config(), small), tmp_path / "run")
     assert report["updates"] > 0 and report["test"]["agent"]["sharpe"] is not None
+
+
+def test_a_missing_time_in_a_zoned_or_day_first_file_is_named_as_missing(tmp_path):
+    days = pd.bdate_range("2017-01-02", periods=30)
+    day_first = frame_at(days.strftime("%d.%m.%Y").tolist())
+    day_first.loc[4, "Date"] = None
+    assert "missing time (NaN) at data row 5" in refused(tmp_path, day_first)
+    zoned = frame_at([t.isoformat() for t in session_times("2021-03-10", 2).tz_localize("America/New_York")])
+    zoned.loc[3, "Date"] = None
+    assert "missing time (NaN) at data row 4" in refused(tmp_path, zoned)
