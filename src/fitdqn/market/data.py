@@ -231,7 +231,10 @@ def _parse_text_timestamps(raw: pd.Series, source: str, column: str, date_format
                 f"month-first, and both give increasing times; {_DATE_FORMAT_HELP}"
             )
         day_first = fits[0] if fits else False
-        how = ("day-first" if day_first else "month-first") + " (the order that gives increasing times)"
+        how = "day-first (the order that gives increasing times)" if day_first else (
+            "month-first (the order that gives increasing times)" if fits else
+            "month-first (both orders fit every value; neither gives increasing times)"
+        )
         stamps = by_day if day_first else by_month
     else:
         stamps = _read_wall(wall, date_format, day_first)
