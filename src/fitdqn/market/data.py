@@ -95,6 +95,10 @@ def _row(i: int) -> str:
     return f"data row {i + 1} (1 = first bar)"
 
 
+def _when(stamp) -> str:
+    return str(pd.Timestamp(stamp))  # 2017-01-06 03:00:00, not numpy's 2017-01-06T03:00:00.000000000
+
+
 # ---------------------------------------------------------------------------------------------- columns
 def _find_columns(frame: pd.DataFrame, source: str) -> dict[str, str | tuple[str, str] | None]:
     """Map canonical names to the frame's columns; ``timestamp`` may be a (date, time) pair or the index
@@ -352,7 +356,7 @@ def validate_bars(
         i = int(np.flatnonzero(~step_ok)[0]) + 1
         raise UserError(
             f"{source}: timestamps must strictly increase, but column '{names['timestamp']}' at {_row(i)} "
-            f"({stamps[i]}) is not after {_row(i - 1)} ({stamps[i - 1]}); sort the file by time "
+            f"({_when(stamps[i])}) is not after {_row(i - 1)} ({_when(stamps[i - 1])}); sort the file by time "
             "and drop duplicate bars" + (f" ({hint})" if hint else "")
         )
     prices = bars[list(PRICE_COLUMNS)].to_numpy(dtype=np.float64)  # [T, 4] open, high, low, close
@@ -370,7 +374,7 @@ def validate_bars(
             i, k = (int(x) for x in np.argwhere(bad)[0])
             column = names[PRICE_COLUMNS[k]]
             raise UserError(
-                f"{source}: column '{column}' at {_row(i)} (time {stamps[i]}): "
+                f"{source}: column '{column}' at {_row(i)} (time {_when(stamps[i])}): "
                 + text.format(value=float(prices[i, k]))
                 + f" ({int(bad.any(axis=1).sum())} such bars in all); {fix}"
             )
@@ -390,7 +394,7 @@ def validate_bars(
             i = int(np.flatnonzero(bad)[0])
             message = text.format(o=o[i], h=h[i], l=low[i], c=c[i], v=v[i])
             raise UserError(
-                f"{source}: {_row(i)} (time {stamps[i]}): {message} ({int(bad.sum())} such bars in all); "
+                f"{source}: {_row(i)} (time {_when(stamps[i])}): {message} ({int(bad.sum())} such bars in all); "
                 "fix or drop the bad bars (every bar needs low <= open, close <= high and volume >= 0)"
             )
 
