@@ -351,3 +351,12 @@ def test_a_missing_time_in_a_zoned_or_day_first_file_is_named_as_missing(tmp_pat
     zoned = frame_at([t.isoformat() for t in session_times("2021-03-10", 2).tz_localize("America/New_York")])
     zoned.loc[3, "Date"] = None
     assert "missing time (NaN) at data row 4" in refused(tmp_path, zoned)
+
+
+def test_dates_written_as_digits_are_dates_not_epoch_seconds(tmp_path):
+    days = pd.bdate_range("2017-01-02", periods=30)
+    assert (read(tmp_path, frame_at(days.strftime("%Y%m%d").astype(int)))["timestamp"] == days).all()
+    minutes = pd.date_range("2017-01-02 09:30", periods=30, freq="min")
+    assert (read(tmp_path, frame_at(minutes.strftime("%Y%m%d%H%M").astype(int)))["timestamp"] == minutes).all()
+    epoch = ((minutes - pd.Timestamp(0)) // pd.Timedelta(seconds=1)).to_numpy()  # epoch seconds stay so
+    assert (read(tmp_path, frame_at(epoch))["timestamp"] == minutes).all()

@@ -262,6 +262,30 @@ def _parse_text_timestamps(raw: pd.Series, source: str, column: str, date_format
     return stamps, "; ".join(notes)
 
 
+# Whole numbers that are dates written as digits (20170113, 201701130930, 20170113093000), not epoch counts
+# (as epoch seconds or milliseconds they would all fall in 1970-1976).
+_DIGIT_DATES = (
+    (19000101, 21001231, "%Y%m%d"),
+    (190001010000, 210012312359, "%Y%m%d%H%M"),
+    (19000101000000, 21001231235959, "%Y%m%d%H%M%S"),
+)
+
+
+def _digit_dates(raw: pd.Series) -> pd.Series | None:
+    """Datetimes from a numeric column of YYYYMMDD[HHMM[SS]] numbers, or None when it is not one."""
+    values = raw.to_numpy(dtype="float64")
+    present = values[np.isfinite(values)]
+    if not len(present) or not np.all(present == np.round(present)):
+        return None
+    for low, high, pattern in _DIGIT_DATES:
+        if np.all((present >= low) & (present <= high)):
+            text = pd.Series(np.where(np.isfinite(values), values, 0).astype(np.int64)).astype("string")
+            stamps = pd.to_datetime(text.where(np.isfinite(values)), format=pattern, errors="coerce")
+            if not (stamps.isna() & np.isfinite(values)).any():
+                return stamps
+    return None
+
+
 def _parse_timestamps(raw: pd.Series, source: str, column: str, date_format: str) -> tuple[pd.Series, str]:
     """Datetimes (naive wall time, ns) from a column, and a note on how text was read (for order errors)."""
     check_date_format(date_format)
@@ -269,10 +293,12 @@ def _parse_timestamps(raw: pd.Series, source: str, column: str, date_format: str
     if pd.api.types.is_datetime64_any_dtype(raw):
         stamps = raw
     elif pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
-        values = pd.to_numeric(raw)
-        top = float(np.nanmax(np.abs(values.to_numpy(dtype="float64")))) if len(values) else 0.0
-        unit = "s" if top < 1e11 else "ms" if top < 1e14 else "us" if top < 1e17 else "ns"
-        stamps = pd.to_datetime(values, unit=unit, errors="coerce")  # epoch numbers: UTC
+        stamps = _digit_dates(raw)
+        if stamps is None:
+            values = pd.to_numeric(raw)
+            top = float(np.nanmax(np.abs(values.to_numpy(dtype="float64")))) if len(values) else 0.0
+            unit = "s" if top < 1e11 else "ms" if top < 1e14 else "us" if top < 1e17 else "ns"
+            stamps = pd.to_datetime(values, unit=unit, errors="coerce")  # epoch numbers: UTC
     else:
         stamps, hint = _parse_text_timestamps(raw, source, column, date_format)
     if getattr(stamps.dt, "tz", None) is not None:
