@@ -4,6 +4,7 @@ the prices, bad bars refused with row/time/column, prices beyond float32, bars w
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -292,9 +293,15 @@ def test_prices_beyond_float32_are_refused_at_load(tmp_path, case):
 
 def test_bad_canonical_bars_never_reach_the_features():
     bars = synthetic_bars(400)
-    bars.loc[200, "low"] = -1.0
-    with pytest.raises(UserError, match="column 'low' at data row 201"):
-        compute_features(bars)
+    for column, value, expected in (
+        ("low", -1.0, "column 'low' at data row 201"),
+        ("close", math.nan, "column 'close' at data row 201"),
+        ("volume", math.nan, "data row 201 (1 = first bar) (time 2000-10-09 00:00:00): volume nan is not a finite"),
+    ):
+        bad = bars.copy()
+        bad.loc[200, column] = value
+        with pytest.raises(UserError, match=re.escape(expected)):
+            compute_features(bad)
 
 
 def test_infinite_features_of_good_bars_take_the_clip_end_of_their_sign():

@@ -412,6 +412,7 @@ def validate_bars(
         (o < low - tol, "open {o} is below low {l}"),
         (c > h + tol, "close {c} is above high {h}"),
         (c < low - tol, "close {c} is below low {l}"),
+        (~np.isfinite(v), "volume {v} is not a finite number"),
         (v < 0, "volume {v} is negative"),
         (v > VOLUME_MAX, f"volume {{v}} is beyond {VOLUME_MAX:g}"),
     )
