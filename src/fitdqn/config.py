@@ -152,6 +152,9 @@ class TrainConfig:
     minutes: float = knob(0.0, "stop after this many minutes (0 = no limit)")
     replay_ratio: float = knob(1.0, "times each collected transition is used: updates = ratio x collected / batch")
     cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
+    threads: int = knob(
+        0, "CPU threads for torch; 0 = auto: OMP_NUM_THREADS if set, else the cores this process may use "
+        "(CPU affinity, capped by a container's CPU quota)")
     eval_every: int = knob(5, "epochs between validation backtests")
     checkpoint_every: int = knob(5, "epochs between checkpoints")
     eval_seeds: int = knob(3, "seeds for the random-policy baseline in evaluation")
@@ -341,6 +344,7 @@ def validate(config: Config) -> None:
         (r.capacity > 0, "replay.capacity must be positive"),
         (config.train.capital >= 0, "train.capital must be positive (or 0 for auto)"),
         (config.collect.num_envs >= 0, "collect.num_envs must be positive (or 0 for auto)"),
+        (config.train.threads >= 0, "train.threads must be positive (or 0 for auto)"),
         (0.0 <= r.alpha <= 1.0, "replay.alpha must be in [0, 1]"),
         (n.d_model % n.attention_heads == 0, "net.d_model must be divisible by net.attention_heads"),
         (n.v_min < n.v_max, "net.v_min must be below net.v_max"),
