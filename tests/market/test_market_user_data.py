@@ -15,7 +15,7 @@ from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec, check_contract_fits, derive_contract, parse_contract, price_grid
 from fitdqn.market.data import bars_from_config, bars_per_year, read_bars_file, synthetic_bars
 from fitdqn.market.features import CLIP, FEATURE_NAMES, VOLUME_FEATURES, WARMUP, compute_features
-from fitdqn.market.loader import load_market
+from fitdqn.market.loader import load_market, market_contract
 
 
 def ohlc(close: np.ndarray, seed: int = 0) -> dict[str, np.ndarray]:
@@ -198,6 +198,7 @@ def test_auto_contract_on_a_file_fits_a_price_of_1_1(tmp_path):
     config = with_overrides(Config(), {"market.data": str(path), "market.episode_length": 32})
     market = load_market(config.market, window=4)
     assert market.contract.tick_size == pytest.approx(1e-5) and market.contract.multiplier == 1.0
+    assert market_contract(config.market) == market.contract  # the one resolution act/export use too
     assert any(line.startswith("contract: derived: 1 currency units per price point") for line in market.notes)
     with pytest.raises(UserError) as info:  # the ES-like generic spec on a price of 1.1: refused
         load_market(with_overrides(config, {"market.contract": "generic"}).market, window=4)

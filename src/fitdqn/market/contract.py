@@ -242,14 +242,21 @@ def check_contract_fits(spec: ContractSpec, bars: pd.DataFrame, max_contracts: i
         )
 
 
-def contract_for(contract: str, data: str, bars: pd.DataFrame) -> ContractSpec:
-    """Resolve ``market.contract`` for ``market.data``: a name or path as given; 'auto' picks the shipped spec
-    whose ``data`` list names the data, else derives one from ``bars`` (:func:`derive_contract`; pass the
-    training split)."""
+def shipped_contract_for(contract: str, data: str) -> ContractSpec | None:
+    """``market.contract`` resolved without the bars: a name or path as given, 'auto' the shipped spec whose
+    ``data`` list names the data; None when 'auto' must derive the spec from the bars."""
     if contract != "auto":
         return load_contract(contract)
     for name in available_contracts():
         spec = load_contract(name)
         if data in spec.data:
             return spec
-    return derive_contract(bars, f"'{data}'")
+    return None
+
+
+def contract_for(contract: str, data: str, bars: pd.DataFrame) -> ContractSpec:
+    """Resolve ``market.contract`` for ``market.data``: a name or path as given; 'auto' picks the shipped spec
+    whose ``data`` list names the data, else derives one from ``bars`` (:func:`derive_contract`; pass the
+    training split)."""
+    spec = shipped_contract_for(contract, data)
+    return spec if spec is not None else derive_contract(bars, f"'{data}'")

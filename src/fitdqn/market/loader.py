@@ -18,7 +18,7 @@ from torch import Tensor
 
 from fitdqn.budget.component import tensor_bytes
 from fitdqn.errors import UserError
-from fitdqn.market.contract import ContractSpec, check_contract_fits, contract_for
+from fitdqn.market.contract import ContractSpec, check_contract_fits, contract_for, shipped_contract_for
 from fitdqn.market.data import Split, bars_from_config, bars_per_year, split_bars
 from fitdqn.market.features import NUM_FEATURES, WARMUP, atr, bar_tensors, compute_features, has_volume
 
@@ -141,12 +141,22 @@ def check_enough_bars(market: Market, window: int, episode_length: int) -> None:
             )
 
 
+def market_contract(market_config, bars: pd.DataFrame | None = None) -> ContractSpec:
+    """The contract a :class:`fitdqn.config.MarketConfig` trades, as :func:`load_market` resolves it: 'auto' on
+    a user's file derives the spec from the training split of its bars (``bars``: all of them, loaded from the
+    config when not given and only when needed)."""
+    spec = shipped_contract_for(market_config.contract, market_config.data)
+    if spec is not None:
+        return spec
+    bars = bars_from_config(market_config) if bars is None else bars
+    train = split_bars(len(bars), market_config.train_fraction, market_config.validation_fraction)["train"]
+    return contract_for(market_config.contract, market_config.data, bars.iloc[: max(train.stop, 1)])
+
+
 def load_market(market_config, *, window: int = 1, device=None, episode_length: int | None = None) -> Market:
     """Everything for a :class:`fitdqn.config.MarketConfig`, checked for ``window`` and the episode length."""
     bars = bars_from_config(market_config)
-    train = split_bars(len(bars), market_config.train_fraction, market_config.validation_fraction)["train"]
-    # 'auto' on a user's file derives the spec from the training bars only
-    contract = contract_for(market_config.contract, market_config.data, bars.iloc[: max(train.stop, 1)])
+    contract = market_contract(market_config, bars)
     check_contract_fits(contract, bars, market_config.max_contracts, f"'{market_config.data}'")
     market = market_from_bars(
         bars,
