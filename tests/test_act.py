@@ -18,9 +18,10 @@ from fitdqn.deploy import act_on_bars, export_policy, load_exported, load_run_po
 from fitdqn.deploy.act import ACTION_COLUMNS
 from fitdqn.deploy.export import acting_network
 from fitdqn.errors import UserError
-from fitdqn.market.env import FuturesEnv, evaluate_config
+from fitdqn.evaluate.backtest import evaluate_config
+from fitdqn.evaluate.baselines import greedy_policy
+from fitdqn.market.env import FuturesEnv
 from fitdqn.market.loader import load_market
-from fitdqn.train.evaluate import greedy_policy
 from fitdqn.train.run import train
 
 TINY = {
@@ -60,7 +61,8 @@ def split_backtest(policy, market):
         taken.append(action)
         return action
 
-    backtest = evaluate_config(recording, policy.config, "test", market=market)
+    one_env = dataclasses.replace(policy.config, evaluate=dataclasses.replace(policy.config.evaluate, segments=1))
+    backtest = evaluate_config(recording, one_env, "test", market=market)  # bar by bar, as act_on_bars
     return backtest, torch.cat(taken).numpy()
 
 

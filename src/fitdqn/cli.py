@@ -30,7 +30,8 @@ from rich.table import Table
 from fitdqn import __version__
 from fitdqn.cli_args import add_config_arguments, config_from_args
 from fitdqn.config import Config
-from fitdqn.device import DeviceInfo, load_profiles, match_profile, parse_size, probe, what_if
+from fitdqn.device import DeviceInfo, load_profiles, parse_size, probe, what_if
+from fitdqn.device.probe import what_if_device
 from fitdqn.device.sizes import format_bytes
 from fitdqn.device.threads import set_torch_threads
 from fitdqn.errors import UserError
@@ -150,18 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint "
                        "(its config.toml is used; options given here override it)")
-    add_config_arguments(train, COMMON_KNOBS + TRAIN_KNOBS)
+    add_config_arguments(train, COMMON_KNOBS + TRAIN_KNOBS + ("evaluate.seeds", "evaluate.folds"))
     train.set_defaults(run=run_train)
 
     evaluate = commands.add_parser(
         "evaluate", help="backtest a run's checkpoint on a split",
-        description="Re-run the backtest of RUN_DIR's checkpoint on --split beside buy-and-hold and a random "
-        "policy; prints the metrics and writes evaluate_<split>.json into RUN_DIR.",
+        description="Re-run the backtest of RUN_DIR's network (the best by validation, or --network last) on "
+        "--split beside buy-and-hold, the rule baselines and a random policy, with bootstrap intervals on Sharpe; "
+        "prints the verdict and the metrics and writes evaluate_<split>.json into RUN_DIR. On a study (trained "
+        "with --seeds or --folds) every seed and fold is evaluated on its own bars and reported together.",
     )
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train")
     evaluate.add_argument("--split", choices=("train", "validation", "test"), default="test",
                           help="which bars to backtest on (default: test)")
     evaluate.add_argument("--device", default="auto", help="device to evaluate on (default: auto)")
+    evaluate.add_argument("--network", choices=("best", "last"), default="best",
+                          help="best: the network with the best validation Sharpe (best.pt, what the report "
+                          "shows); last: the latest checkpoint's (default: best)")
     evaluate.set_defaults(run=run_evaluate)
 
     bench = add_command(
@@ -235,17 +241,13 @@ def device_from_args(args: argparse.Namespace, config: Config) -> DeviceInfo:
     """The real probed device, or a described one when any what-if option is given."""
     if not (args.gpu or args.total_memory or args.free_memory):
         return probe(config.train.device)
-    name = args.gpu or "what-if GPU"
     total = parse_size(args.total_memory) if args.total_memory else None
     free = parse_size(args.free_memory) if args.free_memory else None
-    if total is None:
-        profile = match_profile(name, load_profiles(config.budget.profiles_dir or None))
-        total = profile.total_memory_bytes
-    return what_if(name, total, free)
+    return what_if_device(args.gpu, total, free)  # the card's facts by name (device.cards)
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from fitdqn.budget.build import plan_for_device
+    from fitdqn.budget.plan_cache import plan_for_device  # cached: a repeated plan is instant
     from fitdqn.budget.report import plot_plan, print_plan
 
     config = config_for(args)
@@ -304,6 +306,7 @@ def run_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fitdqn.train.run import default_run_dir, resume_config, train
+    from fitdqn.train.study import is_study, member_market, run_study
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -313,7 +316,10 @@ def run_train(args: argparse.Namespace) -> int:
     else:
         config = config_for(args)
         run_dir = Path(config.train.out) if config.train.out else default_run_dir()
-    train(config, run_dir, resume=bool(args.resume))
+    if is_study(config):  # --seeds / --folds: several runs under run_dir, one report (continues where it was)
+        run_study(config, run_dir)
+    else:  # a walk-forward member resumes on its own fold's bars
+        train(config, run_dir, resume=bool(args.resume), market=member_market(config, run_dir))
     return 0
 
 
@@ -321,8 +327,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fitdqn.train.run import evaluate_run
+    from fitdqn.train.study import STUDY_NAME, evaluate_study
 
-    evaluate_run(Path(args.run_dir), args.split, args.device)
+    run_dir = Path(args.run_dir)
+    if (run_dir / STUDY_NAME).is_file():
+        evaluate_study(run_dir, args.split, args.device, network=args.network)
+    else:
+        evaluate_run(run_dir, args.split, args.device, network=args.network)
     return 0
 
 

@@ -25,6 +25,8 @@ ALIASES: dict[str, str] = {
     "train.minutes": "--minutes",
     "train.seed": "--seed",
     "train.out": "--out",
+    "evaluate.seeds": "--seeds",
+    "evaluate.folds": "--folds",
 }
 FULL_HELP = "_fitdqn_full_help"  # attribute of an action whose help shows only under --help-all
 

@@ -140,6 +140,9 @@ class BudgetConfig:
     max_batch: int = knob(16384, "largest batch the planner may choose")
     headroom_fraction: float = knob(0.05, "share of probed free memory kept unused (fragmentation)")
     profiles_dir: str = knob("", "extra directory of GPU profile TOML files (yours override shipped ones)")
+    trace_cache_dir: str = knob(
+        "", "where traces of the training step are cached between plans: '' = $FITDQN_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/fitdqn, else ~/.cache/fitdqn; 'off' = trace every time")
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,8 @@ class TrainConfig:
     minutes: float = knob(0.0, "stop after this many minutes (0 = no limit)")
     replay_ratio: float = knob(1.0, "times each collected transition is used: updates = ratio x collected / batch")
     cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
+    oom_retries: int = knob(4, "times the OOM guard re-plans an epoch (or retries an evaluation or checkpoint) "
+                            "that ran out of device memory before the run stops")
     threads: int = knob(
         0, "CPU threads for torch; 0 = auto: OMP_NUM_THREADS if set, else the cores this process may use "
         "(CPU affinity, capped by a container's CPU quota)")
@@ -163,6 +168,46 @@ class TrainConfig:
         "at the split's first price (no leverage at full size)"
     )
     out: str = knob("", "run directory; empty = runs/<date>-<time>; an existing run is only continued by --resume")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """Evaluation: batched backtests, rule baselines, bootstrap intervals, walk-forward folds, seeds."""
+
+    segments: int = knob(
+        1024, "most contiguous segments of whole episodes a backtest steps in parallel (one network forward per "
+        "step for all); 1 = one env bar by bar (the same result, slower)")
+    folds: int = knob(
+        1, "1: train/validation/test by market.*_fraction; K >= 2: walk-forward: the bars after "
+        "market.train_fraction are K test blocks, each fold validates on the market.validation_fraction of bars "
+        "before its block and trains on everything earlier (one network per fold)")
+    purge_bars: int = knob(
+        -1, "bars left out between a fold's train, validation and test ranges; -1 = auto: 1 % of the bars, at "
+        "least learn.n_step")
+    seeds: int = knob(1, "training seeds (train.seed, +1, ...), each its own run directory; reported together")
+    bootstrap_samples: int = knob(2000, "stationary block bootstrap resamples for Sharpe confidence intervals")
+    block_length: float = knob(0.0, "mean bootstrap block length in bars; 0 = auto: n^(1/3)")
+    confidence: float = knob(0.95, "confidence level of the intervals")
+    bootstrap_seed: int = knob(0, "seed of the bootstrap resampling")
+    ma_fast: int = knob(50, "fast moving average of the MA crossover baseline (bars)")
+    ma_slow: int = knob(200, "slow moving average of the MA crossover baseline (bars)")
+    momentum_years: float = knob(1.0, "lookback of the time-series momentum baseline, in years of bars")
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.segments >= 1, "evaluate.segments must be at least 1"),
+            (self.folds >= 1, "evaluate.folds must be at least 1 (1 = no walk-forward)"),
+            (self.purge_bars >= -1, "evaluate.purge_bars must be -1 (auto) or >= 0"),
+            (self.seeds >= 1, "evaluate.seeds must be at least 1"),
+            (self.bootstrap_samples >= 100, "evaluate.bootstrap_samples must be at least 100"),
+            (self.block_length >= 0, "evaluate.block_length must be >= 0 (0 = auto)"),
+            (0.5 <= self.confidence < 1.0, "evaluate.confidence must be in [0.5, 1)"),
+            (0 < self.ma_fast < self.ma_slow, "evaluate.ma_fast must be positive and below evaluate.ma_slow"),
+            (self.momentum_years > 0, "evaluate.momentum_years must be positive"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
 
 
 @dataclass(frozen=True)
@@ -200,6 +245,7 @@ class Config:
     collect: CollectConfig = field(default_factory=CollectConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
 
 

@@ -1,7 +1,7 @@
 """The trained policy's decisions on new bars: target position and bracket for every bar.
 
 The bars go through the same pipeline as training (:func:`fitdqn.market.loader.market_from_bars`: causal
-features, ATR(14)) and the policy is run by the backtest itself (:func:`fitdqn.market.env.run_backtest` on a
+features, ATR(14)) and the policy is run by the backtest itself (:func:`fitdqn.evaluate.backtest.run_backtest` on a
 sequential :class:`~fitdqn.market.env.FuturesEnv`), so the agent state it sees (position held, open P&L, time in
 trade, last bracket, the episode's goal and progress) is built exactly as in the run's backtests: episodes of
 ``market.episode_length`` decisions, a position liquidated at each episode's end, the goal in the middle of the
@@ -24,10 +24,11 @@ import torch
 
 from fitdqn.deploy.policy import RunPolicy
 from fitdqn.errors import UserError
+from fitdqn.evaluate.backtest import run_backtest
+from fitdqn.evaluate.baselines import greedy_policy
 from fitdqn.market.data import read_bars_file
-from fitdqn.market.env import STOP_ATR, TAKE_PROFIT_ATR, FuturesEnv, run_backtest
+from fitdqn.market.env import STOP_ATR, TAKE_PROFIT_ATR, FuturesEnv
 from fitdqn.market.loader import market_from_bars
-from fitdqn.train.evaluate import greedy_policy
 
 ACTION_COLUMNS = ("action_position", "action_stop", "action_take_profit")  # sub-action index per branch
 
@@ -104,7 +105,7 @@ def act_on_bars(policy: RunPolicy, bars: pd.DataFrame, *, start: str | pd.Timest
         actions.append(action)
         return action
 
-    backtest = run_backtest(env, recording)[0]
+    backtest = run_backtest(env, recording, split="act", timestamps=None)  # one env: one segment, bar by bar
     # host sync: the decisions
     action = torch.cat(actions).cpu().numpy()  # [N, 3]
     held_np = torch.cat(held).double().cpu().numpy()  # [N]

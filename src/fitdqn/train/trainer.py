@@ -82,6 +82,7 @@ class Trainer:
         self.update_graph: torch.cuda.CUDAGraph | None = None
         self.history: list[dict[str, Any]] = []
         self.pending: dict[str, Any] | None = None  # an epoch whose updates an OOM interrupted
+        self.oom_batch_size: int | None = None  # the batch the OOM guard settled on (kept by checkpoints)
 
     # ---------------------------------------------------------------- allocation, in plan order
     def _allocate(self) -> None:
@@ -222,6 +223,7 @@ class Trainer:
             "epoch": self.epoch,
             "updates_done": self.updates_done,
             "batch_size": self.batch_size,
+            "oom_batch_size": self.oom_batch_size,
             "learner": self.learner.state_dict(),
             "replay": self.replay.state_dict(),
             "collector": self.collector.state_dict(),
@@ -252,6 +254,9 @@ class Trainer:
         self.epoch = int(state["epoch"])
         self.updates_done = int(state["updates_done"])
         self.history = list(state["history"])
+        if state.get("oom_batch_size"):  # the OOM guard's batch outlives the process (never above this plan's)
+            self.oom_batch_size = min(int(state["oom_batch_size"]), self.plan.batch_size)
+            self.set_batch_size(self.oom_batch_size)
 
     def save(self, run_dir: Path) -> Path:
         return save_checkpoint(run_dir / CHECKPOINT_NAME, self.state_dict())
