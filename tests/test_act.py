@@ -137,6 +137,10 @@ def test_act_without_the_training_bars_needs_the_goal_unit(run_dir, policy, mark
     config = tomllib.loads((moved / "config.toml").read_text())
     config["market"]["data"] = str(tmp_path / "gone.csv")
     (moved / "config.toml").write_text(tomli_w.dumps(config))
+    with pytest.raises(UserError, match="set market.contract"):  # 'auto' on a file: the contract comes from its bars
+        load_run_policy(moved)
+    config["market"]["contract"] = "generic"  # the spec the run traded (synthetic bars)
+    (moved / "config.toml").write_text(tomli_w.dumps(config))
     other = load_run_policy(moved)
     recent = market.bars.iloc[-300:]
     with pytest.raises(UserError, match="--goal-unit"):

@@ -162,6 +162,9 @@ class MarketConfig:
 
     data: str = knob("sp500", "bars: 'sp500', 'nasdaq', 'synthetic' or a CSV/Parquet path")
     contract: str = knob("auto", "contract spec name ('es', 'nq', ...) or 'auto' from the data")
+    date_format: str = knob(
+        "auto", "text timestamps: 'auto' (ISO year-first, else day-first or month-first as the values show), "
+        "'day-first', 'month-first', or a strptime pattern such as '%d.%m.%Y %H:%M:%S.%f'")
     train_fraction: float = knob(0.7, "first part of the bars for training", gt=0, lt=1)
     validation_fraction: float = knob(0.15, "next part for validation; the rest is the test split", gt=0, lt=1)
     episode_length: int = knob(256, "bars per training episode (random start offsets)", ge=1)

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import sys
+import tomllib
+from importlib import resources
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,13 +19,15 @@ from fitdqn.market.contract import available_contracts, contract_for, load_contr
 from fitdqn.market.data import (
     builtin_bars,
     load_bars,
-    read_bars_file,
     split_bars,
     synthetic_bars,
     walk_forward,
     walk_forward_from_config,
 )
+from fitdqn.market.data import read_bars_file as _read_bars_file
 from fitdqn.market.loader import load_market
+
+read_bars_file = functools.partial(_read_bars_file, date_format="auto")  # market.date_format's default
 
 
 def good_frame(n: int = 400, seed: int = 0) -> pd.DataFrame:
@@ -48,14 +57,56 @@ def write_csv(tmp_path, frame: pd.DataFrame, name: str = "bars.csv"):
 
 
 # ---------------------------------------------------------------------------------------------- sources
+# What `arch` 8.0.0 (arch.data.<name>.load(), through fitdqn's normalise_bars) gave, pinned when the bars
+# became fitdqn's own package data: the shipped file's sha256, and the sha256 of the canonical frame's bytes
+# (int64 ns timestamps, then the float64 open/high/low/close/volume matrix), with a few values.
+ARCH_BARS = {
+    "sp500": {
+        "file_sha256": "1e028cbb9c400cc018c816ccc439b33c919387e726c3ed5ca2c05c82746059de",
+        "frame_sha256": "012a90a61b53c23903e39541c2e8fc2d6d33da51335cca4496a6e86be780e9a1",
+        "close_0": 1228.099976,
+        "close_1000": 889.659973,
+        "volume_last": 3442870000.0,
+    },
+    "nasdaq": {
+        "file_sha256": "b2009535343ebb14e0aa11ed086788d2997a416ffe4f9450eed9a561ae30ac59",
+        "frame_sha256": "47bc2848d34a3283f02c8c98adc199d7e595aa5c3c9ca2723cd87dd54dbb78c6",
+        "close_0": 2208.050049,
+        "close_1000": 1367.890015,
+        "volume_last": 2098560000.0,
+    },
+}
+
+
 @pytest.mark.parametrize("name", ["sp500", "nasdaq"])
-def test_builtin_real_bars(name):
+def test_builtin_real_bars_equal_what_arch_gave(name):
     bars = builtin_bars(name)
+    pinned = ARCH_BARS[name]
     assert len(bars) == 5031
     assert list(bars.columns) == ["timestamp", "open", "high", "low", "close", "volume"]
     assert bars["timestamp"].iloc[0] == pd.Timestamp("1999-01-04")
     assert bars["timestamp"].iloc[-1] == pd.Timestamp("2018-12-31")
-    assert bars["close"].iloc[0] == pytest.approx(1228.099976 if name == "sp500" else 2208.050049)
+    assert bars["close"].iloc[0] == pinned["close_0"] and bars["close"].iloc[1000] == pinned["close_1000"]
+    assert bars["volume"].iloc[-1] == pinned["volume_last"]
+    frame_bytes = bars["timestamp"].to_numpy().astype("int64").tobytes() + bars[
+        ["open", "high", "low", "close", "volume"]
+    ].to_numpy().tobytes()
+    assert hashlib.sha256(frame_bytes).hexdigest() == pinned["frame_sha256"]
+    shipped = resources.files("fitdqn.market").joinpath("datasets", f"{name}.csv.gz").read_bytes()
+    assert hashlib.sha256(shipped).hexdigest() == pinned["file_sha256"]
+
+
+def test_builtin_bars_need_no_arch_and_keep_the_licence(monkeypatch):
+    for module in ("arch", "scipy", "statsmodels"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing them now fails
+    assert len(builtin_bars("sp500")) == 5031
+    datasets = resources.files("fitdqn.market").joinpath("datasets")
+    licence = datasets.joinpath("LICENSE-arch.md").read_text()
+    assert "Copyright (c) 2017 Kevin Sheppard" in licence and "Redistributions" in licence
+    assert "arch" in datasets.joinpath("README.md").read_text()
+    dependencies = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith(("arch", "scipy", "statsmodels")) for d in dependencies["dependencies"])
+    assert "pyarrow>=14.0.1" in dependencies["dependencies"]  # 14.0.0 has CVE-2023-47248
 
 
 def test_csv_and_parquet_load_the_same_bars(tmp_path):
@@ -68,7 +119,7 @@ def test_csv_and_parquet_load_the_same_bars(tmp_path):
     pd.testing.assert_frame_equal(from_csv, from_parquet)
     assert from_csv["close"].to_numpy() == pytest.approx(frame["Close"].to_numpy())
     assert from_csv["volume"].to_numpy() == pytest.approx(frame["Vol"].to_numpy())  # 'Vol' alias
-    assert load_bars(str(parquet)).equals(from_parquet)
+    assert load_bars(str(parquet), date_format="auto").equals(from_parquet)
 
 
 def test_aliases_case_and_separate_date_time_columns(tmp_path):
@@ -92,8 +143,8 @@ def _error(tmp_path, frame, name="bad.csv") -> str:
 
 
 def test_missing_column_is_named(tmp_path):
-    message = _error(tmp_path, good_frame(20).drop(columns=["Vol"]))
-    assert "no 'volume' column" in message and "Vol" not in message.split("columns found:")[1].split(";")[0]
+    message = _error(tmp_path, good_frame(20).drop(columns=["Open"]))
+    assert "no 'open' column" in message and "Open" not in message.split("columns found:")[1].split(";")[0]
     assert "rename" in message
     assert "no timestamp column" in _error(tmp_path, good_frame(20).drop(columns=["Date"]))
 
@@ -153,7 +204,7 @@ def test_unsupported_and_missing_files(tmp_path):
     with pytest.raises(UserError, match="not found"):
         read_bars_file(tmp_path / "nope.csv")
     with pytest.raises(UserError, match="neither a built-in"):
-        load_bars("spx500")
+        load_bars("spx500", date_format="auto")
 
 
 def test_too_few_bars_for_warmup_and_episode(tmp_path):
@@ -166,7 +217,7 @@ def test_too_few_bars_for_warmup_and_episode(tmp_path):
     assert "lower market.episode_length" in message
     small = with_overrides(config, {"market.episode_length": 32})
     market = load_market(small.market, window=8)
-    assert market.num_bars == 300 and market.contract.name == "generic"
+    assert market.num_bars == 300 and market.contract.name == "derived"  # 'auto' on a file: from its prices
 
 
 # ---------------------------------------------------------------------------------------------- splits
@@ -225,10 +276,11 @@ def test_synthetic_signal_plants_momentum():
 # ---------------------------------------------------------------------------------------------- contracts
 def test_contracts_auto_and_by_path(tmp_path):
     assert set(available_contracts()) >= {"es", "nq", "generic"}
-    assert contract_for("auto", "sp500").name == "es"
-    assert contract_for("auto", "nasdaq").name == "nq"
-    assert contract_for("auto", "synthetic").name == "generic"
-    assert contract_for("auto", "/data/cl.csv").name == "generic"
+    bars = good_frame(50)
+    assert contract_for("auto", "sp500", bars).name == "es"
+    assert contract_for("auto", "nasdaq", bars).name == "nq"
+    assert contract_for("auto", "synthetic", bars).name == "generic"
+    assert contract_for("auto", "/data/cl.csv", bars.rename(columns=str.lower)).name == "derived"
     es = load_contract("es")
     assert (es.multiplier, es.tick_size, es.slippage) == (50.0, 0.25, 0.25)
     assert es.cost_per_side == pytest.approx(2.25 + 12.5)
@@ -236,7 +288,7 @@ def test_contracts_auto_and_by_path(tmp_path):
     path.write_text(
         'name = "cl"\nmultiplier = 1000\ntick_size = 0.01\ncommission = 2.0\nslippage_ticks = 2\n'
     )
-    cl = contract_for(str(path), "mine.csv")
+    cl = contract_for(str(path), "mine.csv", bars)
     assert cl.multiplier == 1000.0 and cl.slippage == pytest.approx(0.02)
     path.write_text('name = "cl"\nmultiplier = 1000\n')
     with pytest.raises(UserError, match="missing key"):

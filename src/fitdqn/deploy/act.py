@@ -156,4 +156,5 @@ def write_actions(frame: pd.DataFrame, out: str | Path) -> Path:
 def act_run(policy: RunPolicy, data: str | Path, *, start: str | None = None,
             goal_unit: float | None = None) -> pd.DataFrame:
     """:func:`act_on_bars` on a CSV/Parquet file of bars."""
-    return act_on_bars(policy, read_bars_file(data), start=start, goal_unit=goal_unit)
+    bars = read_bars_file(data, date_format=policy.config.market.date_format)
+    return act_on_bars(policy, bars, start=start, goal_unit=goal_unit)

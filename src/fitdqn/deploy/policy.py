@@ -10,10 +10,10 @@ import torch
 from fitdqn.config import Config, load_config
 from fitdqn.errors import UserError
 from fitdqn.learn.learner import Learner
-from fitdqn.market.contract import ContractSpec, contract_for
+from fitdqn.market.contract import ContractSpec
 from fitdqn.market.env import NUM_AGENT_FIELDS, market_goal_unit
 from fitdqn.market.features import NUM_FEATURES
-from fitdqn.market.loader import load_market
+from fitdqn.market.loader import load_market, market_contract
 from fitdqn.train.checkpoint import load_checkpoint
 from fitdqn.train.trainer import CHECKPOINT_NAME
 
@@ -60,5 +60,12 @@ def load_run_policy(run_dir: str | Path, device: torch.device | str = "cpu") -> 
         learner.load_state_dict(state["learner"])
     except (KeyError, RuntimeError, ValueError) as error:
         raise UserError(f"checkpoint in '{run_dir}' does not fit its config.toml ({error}); was it edited?") from None
-    contract = contract_for(config.market.contract, config.market.data)
+    try:
+        contract = market_contract(config.market)  # 'auto' on a file: derived from the run's training bars
+    except UserError as error:
+        raise UserError(
+            f"the run's contract comes from its training bars (market.data = '{config.market.data}', market.contract "
+            f"= auto), which cannot be loaded ({error}); put the file back where the run's config.toml says, or set "
+            "market.contract in it to the spec the run traded (a name or a TOML path)"
+        ) from None
     return RunPolicy(run_dir, config, contract, learner, int(state.get("epoch", 0)))

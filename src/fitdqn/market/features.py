@@ -5,9 +5,11 @@
 window or a recursion that starts at the first bar (no whole-series mean, no centred window), so rows before t
 are the same whether or not bars after t exist. Scale comes from the bars' own trailing statistics (returns
 over trailing volatility, distances over ATR, rolling z-scores), so sp500 points, NQ points and a synthetic
-market give features of the same size. Every feature is clipped to [-5, 5]; a degenerate value (a flat bar,
-zero volume: 0/0) becomes 0. The first ``WARMUP`` rows (too little history for the longest window) are 0
-and the environment starts episodes at or after ``WARMUP``.
+market give features of the same size. Every feature is clipped to [-5, 5]; a degenerate value of valid bars
+(a flat bar, zero volume: 0/0) becomes 0, a ratio over a vanished scale (+-inf) the clip's end of its sign;
+bad bars never get here (they are refused first). Bars without volume (no volume column) have the volume
+features (``VOLUME_FEATURES``) at 0 and the same width. The first ``WARMUP`` rows (too little history for the
+longest window) are 0 and the environment starts episodes at or after ``WARMUP``.
 
 RSI, ATR and MACD use TA-Lib's definitions exactly (Wilder smoothing seeded with a simple average; MACD's
 EMAs seeded the way TA-Lib seeds them), in :func:`rsi`, :func:`atr`, :func:`macd`, then are normalised.
@@ -23,7 +25,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from fitdqn.market.data import COLUMNS, normalise_bars
+from fitdqn.market.data import COLUMNS, normalise_bars, validate_bars
 
 CLIP = 5.0
 _SCAN_CHUNK = 128  # rows per block of the blocked linear-recurrence scan
@@ -233,6 +235,18 @@ EMA_PERIODS = (8, 21, 55)
 CHANNELS = (10, 20, 60)
 LONG = 120  # window of the rolling z-scores of slow-moving levels
 
+VOLUME_FEATURES = (  # off (0) for bars without volume
+    "volume_z_20",
+    "volume_z_60",
+    "volume_5_20",
+    "volume_change",
+    "signed_volume",
+    "obv_10",
+    "cmf_20",
+    "dist_vwap_20",
+)
+
+
 FEATURE_NAMES: list[str] = (
     [f"ret_{h}" for h in RETURN_HORIZONS]
     + [f"ret_1_lag{k}" for k in LAGS]
@@ -256,16 +270,7 @@ FEATURE_NAMES: list[str] = (
     + [f"channel_{n}" for n in CHANNELS]
     + ["dist_high_20", "dist_low_20", "bollinger_z", "bollinger_width_z"]
     + ["skew_20", "autocorr_20", "up_fraction_10", "up_fraction_20", "efficiency_10", "efficiency_30"]
-    + [
-        "volume_z_20",
-        "volume_z_60",
-        "volume_5_20",
-        "volume_change",
-        "signed_volume",
-        "obv_10",
-        "cmf_20",
-        "dist_vwap_20",
-    ]
+    + list(VOLUME_FEATURES)
     + ["weekday_sin", "weekday_cos", "month_sin", "month_cos", "time_of_day_sin", "time_of_day_cos"]
 )
 NUM_FEATURES = len(FEATURE_NAMES)  # Fm
@@ -274,9 +279,20 @@ NUM_FEATURES = len(FEATURE_NAMES)  # Fm
 WARMUP = 140
 
 
+def has_volume(bars: pd.DataFrame) -> bool:
+    """Whether the bars carry volume (a file without a volume column has 0 on every bar): the volume
+    features are off (0) when they do not."""
+    return bool((bars["volume"].to_numpy() > 0).any())
+
+
 def bar_tensors(bars: pd.DataFrame, device=None) -> dict[str, Tensor]:
-    """The bar columns as float64 tensors (``ns``: int64 epoch nanoseconds) on ``device``."""
-    frame = bars if list(bars.columns[:6]) == list(COLUMNS) else normalise_bars(bars)
+    """The bar columns as float64 tensors (``ns``: int64 epoch nanoseconds) on ``device``; any frame is
+    validated first (a canonical one too: a bad price must not reach the features)."""
+    if list(bars.columns[:6]) == list(COLUMNS):
+        validate_bars(bars, "bars")
+        frame = bars
+    else:
+        frame = normalise_bars(bars)
     out = {k: torch.tensor(frame[k].to_numpy(dtype=np.float64), device=device) for k in COLUMNS[1:]}
     stamps = frame["timestamp"].to_numpy().astype("datetime64[ns]").astype(np.int64)
     out["ns"] = torch.tensor(stamps, device=device)
@@ -386,8 +402,14 @@ def feature_columns(bars: pd.DataFrame, device=None) -> dict[str, Tensor]:
 def compute_features(bars: pd.DataFrame, device=None) -> Tensor:
     """Causal features ``[T, Fm]`` float32 on ``device``: columns named by FEATURE_NAMES, rows < WARMUP 0."""
     f = feature_columns(bars, device)
+    if not has_volume(bars):  # no volume column: the volume features are off (0), the width stays Fm
+        for name in VOLUME_FEATURES:
+            f[name] = torch.zeros_like(f[name])
     out = torch.stack([f[name] for name in FEATURE_NAMES], dim=1)  # [T, Fm] float64
     T = out.shape[0]
-    out = torch.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0).clamp(-CLIP, CLIP)
+    # The bars are validated (positive, bounded prices), so a non-finite value is a degenerate window of
+    # good bars: NaN is 0/0 (a flat stretch, no history), no information, so 0; +-inf is a ratio whose
+    # denominator vanished (log of a zero volatility), so the clip's end of its own sign.
+    out = torch.nan_to_num(out, nan=0.0, posinf=CLIP, neginf=-CLIP).clamp(-CLIP, CLIP)
     out[: min(WARMUP, T)] = 0.0
     return out.to(torch.float32)

@@ -1,14 +1,16 @@
 """One call from a MarketConfig to everything the environment needs on the device.
 
-:func:`load_market` reads the bars, resolves the contract, computes the causal features and the raw ATR,
-splits the bars in time and checks there are enough of them, then moves ``features [T, Fm]``,
-``prices [T, 4]`` and ``atr [T]`` to the device once (they stay there for every env built on them).
+:func:`load_market` reads the bars, resolves the contract (and checks it fits the prices), computes the
+causal features and the raw ATR, splits the bars in time and checks there are enough of them, then moves
+``features [T, Fm]``, ``prices [T, 4]`` and ``atr [T]`` to the device once (they stay there for every env
+built on them).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import pandas as pd
 import torch
@@ -16,9 +18,9 @@ from torch import Tensor
 
 from fitdqn.budget.component import tensor_bytes
 from fitdqn.errors import UserError
-from fitdqn.market.contract import ContractSpec, contract_for
-from fitdqn.market.data import Split, bars_from_config, split_bars
-from fitdqn.market.features import NUM_FEATURES, WARMUP, atr, bar_tensors, compute_features
+from fitdqn.market.contract import ContractSpec, check_contract_fits, contract_for, shipped_contract_for
+from fitdqn.market.data import Split, bars_from_config, bars_per_year, split_bars
+from fitdqn.market.features import NUM_FEATURES, WARMUP, atr, bar_tensors, compute_features, has_volume
 
 ATR_PERIOD = 14  # the ATR the env sizes stops and take-profits with (the state's atr feature uses it too)
 PRICE_COLUMNS = ("open", "high", "low", "close")
@@ -50,6 +52,22 @@ class Market:
     prices: Tensor  # [T, 4] float32: open, high, low, close
     atr: Tensor  # [T] float32: ATR(14) in price points (0 before it exists)
     warmup: int
+    volume_features: bool  # False when the bars have no volume (the volume features are 0)
+
+    @cached_property
+    def bars_per_year(self) -> float:
+        """Bars per year of these bars' own calendar (:func:`fitdqn.market.data.bars_per_year`)."""
+        return bars_per_year(self.bars["timestamp"])
+
+    @property
+    def notes(self) -> list[str]:
+        """Lines for the plan and the report: the contract traded, volume features off, bars per year."""
+        lines = [f"contract: {self.contract.summary}"]
+        if not self.volume_features:
+            missing = "volume_column" in self.bars.attrs and self.bars.attrs["volume_column"] is None
+            lines.append(f"volume features off ({'no volume column' if missing else 'every volume is 0'})")
+        lines.append(f"bars per year: {self.bars_per_year:,.0f} (from the bars' own calendar)")
+        return lines
 
     @property
     def num_bars(self) -> int:
@@ -94,6 +112,7 @@ def market_from_bars(
         contract=contract,
         splits=split_bars(len(bars), train_fraction, validation_fraction),
         warmup=WARMUP,
+        volume_features=has_volume(bars),
         **tensors,
     )
 
@@ -122,10 +141,23 @@ def check_enough_bars(market: Market, window: int, episode_length: int) -> None:
             )
 
 
+def market_contract(market_config, bars: pd.DataFrame | None = None) -> ContractSpec:
+    """The contract a :class:`fitdqn.config.MarketConfig` trades, as :func:`load_market` resolves it: 'auto' on
+    a user's file derives the spec from the training split of its bars (``bars``: all of them, loaded from the
+    config when not given and only when needed)."""
+    spec = shipped_contract_for(market_config.contract, market_config.data)
+    if spec is not None:
+        return spec
+    bars = bars_from_config(market_config) if bars is None else bars
+    train = split_bars(len(bars), market_config.train_fraction, market_config.validation_fraction)["train"]
+    return contract_for(market_config.contract, market_config.data, bars.iloc[: max(train.stop, 1)])
+
+
 def load_market(market_config, *, window: int = 1, device=None, episode_length: int | None = None) -> Market:
     """Everything for a :class:`fitdqn.config.MarketConfig`, checked for ``window`` and the episode length."""
     bars = bars_from_config(market_config)
-    contract = contract_for(market_config.contract, market_config.data)
+    contract = market_contract(market_config, bars)
+    check_contract_fits(contract, bars, market_config.max_contracts, f"'{market_config.data}'")
     market = market_from_bars(
         bars,
         contract,

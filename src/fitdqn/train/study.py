@@ -119,6 +119,6 @@ def evaluate_study(run_dir: Path, split: str, device_spec: str, console: Console
 
 
 def _contract(config: Config):
-    from fitdqn.market.contract import contract_for
+    from fitdqn.market.loader import market_contract
 
-    return contract_for(config.market.contract, config.market.data)
+    return market_contract(config.market)  # 'auto' on a file: derived from its training bars
