@@ -1,13 +1,17 @@
 import dataclasses
+import math
 
 import pytest
 
 from fitdqn.config import (
+    Bounds,
     Config,
     ConfigError,
     config_from_dict,
     dump_config,
+    knob,
     load_config,
+    validate,
     with_overrides,
 )
 
@@ -21,9 +25,9 @@ def test_defaults_hold_the_budget_knobs():
 
 def test_every_field_has_help():
     for section in dataclasses.fields(Config):
-        for knob in dataclasses.fields(section.type if isinstance(section.type, type) else
+        for spec in dataclasses.fields(section.type if isinstance(section.type, type) else
                                        type(getattr(Config(), section.name))):
-            assert knob.metadata.get("help"), f"{section.name}.{knob.name} has no help"
+            assert spec.metadata.get("help"), f"{section.name}.{spec.name} has no help"
 
 
 def test_toml_round_trip(tmp_path):
@@ -68,3 +72,83 @@ def test_malformed_toml_file(tmp_path):
         load_config(path)
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.toml")
+
+
+def all_knobs():
+    """(dotted key, field, default) for every knob of every section."""
+    config = Config()
+    for section in dataclasses.fields(Config):
+        values = getattr(config, section.name)
+        for spec in dataclasses.fields(values):
+            yield f"{section.name}.{spec.name}", spec, getattr(values, spec.name)
+
+
+def beyond(bounds: Bounds, default, side: str):
+    """A value just outside ``bounds`` on ``side`` (None if that side is unbounded)."""
+    edge, is_open = (bounds.low, bounds.low_open) if side == "low" else (bounds.high, bounds.high_open)
+    if math.isinf(edge):
+        return None
+    direction = -1 if side == "low" else 1
+    if isinstance(default, int) or (isinstance(default, tuple) and isinstance(default[0], int)):
+        value = int(edge) if is_open else int(edge) + direction
+    else:
+        # a step well above the denormals: a CPU trainer sets flush-to-zero, which reads -5e-324 as 0
+        value = edge if is_open else edge + direction * max(abs(edge), 1.0) * 1e-9
+    return (*default[:-1], value) if isinstance(default, tuple) else value
+
+
+def test_every_numeric_knob_declares_its_bounds_and_every_default_is_inside():
+    for key, spec, default in all_knobs():
+        numeric = isinstance(default, (int, float, tuple)) and not isinstance(default, bool)
+        assert not numeric or "bounds" in spec.metadata, f"{key}: declare its bounds in knob(...)"
+    validate(Config())
+
+
+def test_a_value_beyond_each_bound_is_refused_naming_the_key():
+    checked = 0
+    for key, spec, default in all_knobs():
+        section, name = key.split(".")
+        bounds = spec.metadata.get("bounds")
+        bad_values = []
+        if bounds is not None:
+            bad_values += [v for v in (beyond(bounds, default, "low"), beyond(bounds, default, "high"))
+                           if v is not None]
+            if isinstance(default, float):
+                bad_values += [math.nan, math.inf]
+        if "choices" in spec.metadata:
+            bad_values.append("no-such-choice")
+        for value in bad_values:
+            with pytest.raises(ConfigError, match=rf"\b{key}\b"):  # the message names the key
+                config_from_dict({section: {name: value}})
+            checked += 1
+        if bounds is not None and not isinstance(default, tuple):
+            for inside in (bounds.low, bounds.high):  # a closed bound itself is accepted
+                if math.isfinite(inside) and (inside == bounds.low and not bounds.low_open
+                                              or inside == bounds.high and not bounds.high_open):
+                    value = int(inside) if isinstance(default, int) else float(inside)
+                    try:
+                        config_from_dict({section: {name: value}})
+                    except ConfigError as error:
+                        assert f"{key} must be {bounds.describe()}" not in str(error)  # only a cross-field check
+    assert checked > 60
+
+
+@pytest.mark.parametrize(("key", "value"), [("learn.lr", "nan"), ("learn.lr", "-1e-3"),
+                                            ("train.checkpoint_every", "0"), ("train.epochs", "-1"),
+                                            ("learn.risk", "optimistic"), ("net.branches", "5,0,5")])
+def test_bad_command_line_values_are_refused(key, value):
+    with pytest.raises(ConfigError, match=rf"^(every value of )?{key} must be"):
+        with_overrides(Config(), {key: value})
+
+
+def test_knob_without_bounds_is_still_valid():
+    @dataclasses.dataclass(frozen=True)
+    class Section:
+        plain: int = knob(3, "a knob another branch added")
+        text: str = knob("a", "free text")
+
+    assert Section().plain == 3 and "bounds" not in dataclasses.fields(Section)[0].metadata
+    with pytest.raises(TypeError):
+        knob(1, "two lower bounds", ge=0, gt=0)
+    with pytest.raises(TypeError):
+        knob("x", "default outside its choices", choices=("a", "b"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import textwrap
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from fitdqn.device.probe import what_if_device
 from fitdqn.device.sizes import format_bytes
 from fitdqn.device.threads import set_torch_threads
 from fitdqn.errors import UserError
+from fitdqn.files import describe_os_error
 from fitdqn.tune.cli import add_parser as add_tune_parser
 
 HELP_WIDTH = 100
@@ -428,9 +430,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `fitdqn plan --json | head`: the reader left; nothing is lost
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
-        print(f"fitdqn {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except OSError as error:  # a full disk, a read-only folder, no permission: one line, not a traceback
+        print(f"fitdqn {args.command}: error: {describe_os_error(error, doing='file error at')}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM during a run (fitdqn.train.run.Interrupted)
+        signum = getattr(error, "signum", signal.SIGINT)
+        print(f"fitdqn {args.command}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ or a wrong type is a :class:`ConfigError` naming the key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -24,78 +25,134 @@ class ConfigError(UserError):
     """A config key, value or file the user must fix; the message names it and says how."""
 
 
-def knob(default: Any, help: str) -> Any:
-    """A config field with its one-line help (shown by ``--help`` and written into TOML dumps)."""
+INF = math.inf
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeds both take it
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric knob admits: ``low``/``high`` (either may be infinite), each closed or open.
+
+    A float knob always needs a finite value (NaN and infinities are refused); for a tuple knob the bounds
+    hold for every item.
+    """
+
+    low: float = -INF
+    high: float = INF
+    low_open: bool = False
+    high_open: bool = False
+
+    def admits(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def describe(self) -> str:
+        """``in [0, 1)``, ``>= 1``, ``> 0``, or ``a finite number``."""
+        if math.isinf(self.low) and math.isinf(self.high):
+            return "a finite number"
+        if math.isinf(self.high):
+            return f"> {self.low:g}" if self.low_open else f">= {self.low:g}"
+        if math.isinf(self.low):
+            return f"< {self.high:g}" if self.high_open else f"<= {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+def knob(default: Any, help: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+         lt: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    """A config field with its one-line help (shown by ``--help`` and written into TOML dumps).
+
+    Numeric knobs declare their bounds here, once: ``ge``/``gt`` (at least / above) and ``le``/``lt`` (at most /
+    below); ``ge=-INF, le=INF`` declares "any finite number". String knobs with a fixed set of values declare
+    ``choices``. Every value is checked against them (``validate``) before any work; both are optional.
+    """
     if isinstance(default, (list, dict, set)):
         raise TypeError("mutable defaults: use a tuple")
-    return field(default=default, metadata={"help": help})
+    metadata: dict[str, Any] = {"help": help}
+    if any(v is not None for v in (ge, gt, le, lt)):
+        if (ge is not None and gt is not None) or (le is not None and lt is not None):
+            raise TypeError("give one lower bound (ge or gt) and one upper bound (le or lt)")
+        low, high = (ge if gt is None else gt), (le if lt is None else lt)
+        metadata["bounds"] = Bounds(-INF if low is None else low, INF if high is None else high,
+                                    low_open=gt is not None, high_open=lt is not None)
+    if choices is not None:
+        if default not in choices:
+            raise TypeError(f"default {default!r} is not one of the choices {choices}")
+        metadata["choices"] = tuple(choices)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class NetConfig:
     """Networks: trunk + attention, branching dueling C51 head, IQN head, IQL value net."""
 
-    window: int = knob(8, "bars per observation: the attention block attends over this many bar tokens")
-    trunk_hidden: int = knob(512, "first trunk layer width (state -> trunk_hidden -> d_model)")
-    d_model: int = knob(256, "trunk output width = attention model width")
-    attention_heads: int = knob(4, "self-attention heads over the bar tokens")
-    stream_hidden: int = knob(128, "hidden width of each dueling value/advantage stream")
-    branches: tuple[int, ...] = knob((5, 5, 5), "sub-actions per branch: target position, stop, take-profit")
-    num_atoms: int = knob(51, "C51 atoms per sub-action")
-    v_min: float = knob(-10.0, "lowest C51 support value")
-    v_max: float = knob(10.0, "highest C51 support value")
-    iqn_embedding: int = knob(64, "IQN cosine embedding size")
-    iqn_quantiles: int = knob(64, "IQN quantile samples in training (N = N')")
-    iqn_act_quantiles: int = knob(32, "IQN quantile samples for acting (K)")
+    window: int = knob(8, "bars per observation: the attention block attends over this many bar tokens", ge=1)
+    trunk_hidden: int = knob(512, "first trunk layer width (state -> trunk_hidden -> d_model)", ge=1)
+    d_model: int = knob(256, "trunk output width = attention model width", ge=1)
+    attention_heads: int = knob(4, "self-attention heads over the bar tokens", ge=1)
+    stream_hidden: int = knob(128, "hidden width of each dueling value/advantage stream", ge=1)
+    branches: tuple[int, ...] = knob((5, 5, 5), "sub-actions per branch: target position, stop, take-profit", ge=1)
+    num_atoms: int = knob(51, "C51 atoms per sub-action", ge=2)
+    v_min: float = knob(-10.0, "lowest C51 support value", ge=-INF, le=INF)
+    v_max: float = knob(10.0, "highest C51 support value", ge=-INF, le=INF)
+    iqn_embedding: int = knob(64, "IQN cosine embedding size", ge=1)
+    iqn_quantiles: int = knob(64, "IQN quantile samples in training (N = N')", ge=1)
+    iqn_act_quantiles: int = knob(32, "IQN quantile samples for acting (K)", ge=1)
     iqn_chunk: int = knob(
-        16, "quantiles per chunk in the chunked IQN head (smaller: less activation memory, more kernels)"
+        16, "quantiles per chunk in the chunked IQN head (smaller: less activation memory, more kernels)", ge=1
     )
     kernels: str = knob(
         "auto", "kernels of the IQN head, attention core and quantile Huber loss: 'auto' (Triton when the target "
         "device is CUDA and Triton is installed, else 'torch'), 'triton' (fused operators; plain maths on the "
-        "CPU), 'torch' (plain PyTorch ops: chunked IQN head, elementwise attention, closed-form loss)"
+        "CPU), 'torch' (plain PyTorch ops: chunked IQN head, elementwise attention, closed-form loss)",
+        choices=("auto", "triton", "torch"),
     )
-    iql_hidden: int = knob(128, "IQL value net width (state -> h -> h -> 1)")
+    iql_hidden: int = knob(128, "IQL value net width (state -> h -> h -> 1)", ge=1)
 
 
 @dataclass(frozen=True)
 class LearnConfig:
     """The update: double-DQN n-step targets, C51 + IQN + IQL losses, Adam, target network."""
 
-    gamma: float = knob(0.99, "discount per step")
-    n_step: int = knob(3, "n-step return length")
-    lr: float = knob(1e-4, "Adam learning rate")
-    adam_eps: float = knob(1.5e-4, "Adam epsilon")
-    grad_clip: float = knob(10.0, "global gradient-norm clip")
-    target_update: str = knob("soft", "target network update: 'soft' (Polyak, every step) or 'hard' (copy)")
-    target_tau: float = knob(0.005, "Polyak factor for soft target updates")
-    target_period: int = knob(1000, "updates between hard target copies")
-    kappa: float = knob(1.0, "IQN quantile Huber threshold")
-    iqn_loss_weight: float = knob(1.0, "weight of the IQN loss in the total loss")
-    iql_expectile: float = knob(0.7, "IQL expectile tau for V(s)")
-    iql_loss_weight: float = knob(1.0, "weight of the IQL expectile loss in the total loss")
+    gamma: float = knob(0.99, "discount per step", ge=0, le=1)
+    n_step: int = knob(3, "n-step return length", ge=1)
+    lr: float = knob(1e-4, "Adam learning rate", gt=0, le=1)
+    adam_eps: float = knob(1.5e-4, "Adam epsilon", gt=0)
+    grad_clip: float = knob(10.0, "global gradient-norm clip", gt=0)
+    target_update: str = knob("soft", "target network update: 'soft' (Polyak, every step) or 'hard' (copy)",
+                              choices=("soft", "hard"))
+    target_tau: float = knob(0.005, "Polyak factor for soft target updates", gt=0, le=1)
+    target_period: int = knob(1000, "updates between hard target copies", ge=1)
+    kappa: float = knob(1.0, "IQN quantile Huber threshold", gt=0)
+    iqn_loss_weight: float = knob(1.0, "weight of the IQN loss in the total loss", ge=0)
+    iql_expectile: float = knob(0.7, "IQL expectile tau for V(s)", gt=0, lt=1)
+    iql_loss_weight: float = knob(1.0, "weight of the IQL expectile loss in the total loss", ge=0)
     iql_in_target: bool = knob(False, "use V(s') from the IQL net in the TD target instead of Q-target")
-    risk: str = knob("neutral", "action selection: 'neutral' (C51 mean) or 'cvar' (IQN CVaR)")
-    cvar_alpha: float = knob(0.25, "CVaR level for risk-averse action selection")
-    epsilon_start: float = knob(1.0, "epsilon-greedy exploration at the start")
-    epsilon_end: float = knob(0.05, "epsilon-greedy exploration after decay")
-    epsilon_decay_steps: int = knob(200_000, "env steps (over all parallel episodes) to decay epsilon")
-    precision: str = knob("auto", "autocast: 'auto' (bf16 where supported on CUDA), 'bf16' or 'fp32'")
+    risk: str = knob("neutral", "action selection: 'neutral' (C51 mean) or 'cvar' (IQN CVaR)",
+                     choices=("neutral", "cvar"))
+    cvar_alpha: float = knob(0.25, "CVaR level for risk-averse action selection", gt=0, le=1)
+    epsilon_start: float = knob(1.0, "epsilon-greedy exploration at the start", ge=0, le=1)
+    epsilon_end: float = knob(0.05, "epsilon-greedy exploration after decay", ge=0, le=1)
+    epsilon_decay_steps: int = knob(200_000, "env steps (over all parallel episodes) to decay epsilon", ge=1)
+    precision: str = knob("auto", "autocast: 'auto' (bf16 where supported on CUDA), 'bf16' or 'fp32'",
+                          choices=("auto", "bf16", "fp32"))
 
 
 @dataclass(frozen=True)
 class ReplayConfig:
     """GPU replay: storage ring, prioritized sampling, HER."""
 
-    capacity: int = knob(2_000_000, "most transitions kept; the plan may give fewer if VRAM is short")
+    capacity: int = knob(2_000_000, "most transitions kept; the plan may give fewer if VRAM is short", ge=1)
     prioritized: bool = knob(True, "prioritized sampling (sum tree); False = uniform")
-    alpha: float = knob(0.6, "priority exponent")
-    beta_start: float = knob(0.4, "importance-weight exponent at the start, annealed to beta_end")
-    beta_end: float = knob(1.0, "importance-weight exponent at the end of training")
-    priority_eps: float = knob(1e-6, "added to |TD error| so no transition gets zero priority")
+    alpha: float = knob(0.6, "priority exponent", ge=0, le=1)
+    beta_start: float = knob(0.4, "importance-weight exponent at the start, annealed to beta_end", ge=0, le=1)
+    beta_end: float = knob(1.0, "importance-weight exponent at the end of training", ge=0, le=1)
+    priority_eps: float = knob(1e-6, "added to |TD error| so no transition gets zero priority", gt=0)
     her: bool = knob(True, "relabel goals with HER ('future' strategy)")
-    her_k: int = knob(4, "HER future goals per real goal: relabel probability k / (k + 1)")
-    min_fill: int = knob(10_000, "transitions stored before updates start")
+    her_k: int = knob(4, "HER future goals per real goal: relabel probability k / (k + 1)", ge=0)
+    min_fill: int = knob(10_000, "transitions stored before updates start", ge=0)
     compile: bool = knob(True, "torch.compile the replay's sampling maths on CUDA (few fused kernels)")
 
 
@@ -108,22 +165,24 @@ class MarketConfig:
     date_format: str = knob(
         "auto", "text timestamps: 'auto' (ISO year-first, else day-first or month-first as the values show), "
         "'day-first', 'month-first', or a strptime pattern such as '%d.%m.%Y %H:%M:%S.%f'")
-    train_fraction: float = knob(0.7, "first part of the bars for training")
-    validation_fraction: float = knob(0.15, "next part for validation; the rest is the test split")
-    episode_length: int = knob(256, "bars per training episode (random start offsets)")
-    max_contracts: int = knob(2, "largest absolute position; target positions are -max..+max")
-    reward_scale: float = knob(1e-3, "reward = net P&L in currency x reward_scale")
-    synthetic_bars: int = knob(6000, "bars generated for 'synthetic'")
-    synthetic_signal: float = knob(0.3, "strength of the planted predictable component in 'synthetic'")
-    seed: int = knob(0, "seed for the synthetic market")
+    train_fraction: float = knob(0.7, "first part of the bars for training", gt=0, lt=1)
+    validation_fraction: float = knob(0.15, "next part for validation; the rest is the test split", gt=0, lt=1)
+    episode_length: int = knob(256, "bars per training episode (random start offsets)", ge=1)
+    max_contracts: int = knob(2, "largest absolute position; target positions are -max..+max", ge=1)
+    reward_scale: float = knob(1e-3, "reward = net P&L in currency x reward_scale", gt=0)
+    synthetic_bars: int = knob(6000, "bars generated for 'synthetic'", ge=2)
+    synthetic_signal: float = knob(0.3, "strength of the planted predictable component in 'synthetic'",
+                                   ge=-INF, le=INF)
+    seed: int = knob(0, "seed for the synthetic market", ge=0, le=SEED_MAX)
 
 
 @dataclass(frozen=True)
 class CollectConfig:
     """Experience collection on the vectorised environment."""
 
-    num_envs: int = knob(0, "parallel episodes stepped on the device; 0 = auto: 4096 on a GPU, 128 on the CPU")
-    steps_per_epoch: int = knob(64, "env steps per parallel episode in each epoch")
+    num_envs: int = knob(0, "parallel episodes stepped on the device; 0 = auto: 4096 on a GPU, 128 on the CPU",
+                         ge=0)
+    steps_per_epoch: int = knob(64, "env steps per parallel episode in each epoch", ge=1)
 
 
 @dataclass(frozen=True)
@@ -131,14 +190,14 @@ class BudgetConfig:
     """The VRAM budget: every knob that moves memory shows in `fitdqn plan`."""
 
     batch_size: int = knob(
-        -1, "-1: the GPU profile's tested batch; 0: auto (planner computes it); N > 0: exactly N, checked"
+        -1, "-1: the GPU profile's tested batch; 0: auto (planner computes it); N > 0: exactly N, checked", ge=-1
     )
     replay_buffer_vram_fraction: float = knob(
         0.70, "share of probed free memory for the replay buffer (free memory less CUDA's own: cuBLAS workspaces "
-        "and the driver-side bytes of the GPU's profile)")
-    min_batch: int = knob(64, "smallest batch the planner may choose")
-    max_batch: int = knob(16384, "largest batch the planner may choose")
-    headroom_fraction: float = knob(0.05, "share of probed free memory kept unused (fragmentation)")
+        "and the driver-side bytes of the GPU's profile)", ge=0, lt=1)
+    min_batch: int = knob(64, "smallest batch the planner may choose", ge=1)
+    max_batch: int = knob(16384, "largest batch the planner may choose", ge=1)
+    headroom_fraction: float = knob(0.05, "share of probed free memory kept unused (fragmentation)", ge=0, lt=0.5)
     profiles_dir: str = knob("", "extra directory of GPU profile TOML files (yours override shipped ones)")
     trace_cache_dir: str = knob(
         "", "where traces of the training step are cached between plans: '' = $FITDQN_CACHE_DIR, else "
@@ -150,22 +209,28 @@ class TrainConfig:
     """The run: epochs, updates, evaluation, checkpoints."""
 
     device: str = knob("auto", "'auto' (CUDA if present), 'cpu', 'cuda' or 'cuda:N'")
-    seed: int = knob(0, "seed for everything")
-    epochs: int = knob(20, "epochs of collect + update")
-    minutes: float = knob(0.0, "stop after this many minutes (0 = no limit)")
-    replay_ratio: float = knob(1.0, "times each collected transition is used: updates = ratio x collected / batch")
+    seed: int = knob(0, "seed for everything", ge=0, le=SEED_MAX)
+    epochs: int = knob(20, "epochs of collect + update", ge=1)
+    minutes: float = knob(0.0, "stop after this many minutes (0 = no limit)", ge=0)
+    replay_ratio: float = knob(1.0, "times each collected transition is used: updates = ratio x collected / batch",
+                               gt=0)
     cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
     oom_retries: int = knob(4, "times the OOM guard re-plans an epoch (or retries an evaluation or checkpoint) "
-                            "that ran out of device memory before the run stops")
+                            "that ran out of device memory before the run stops", ge=0)
     threads: int = knob(
         0, "CPU threads for torch; 0 = auto: OMP_NUM_THREADS if set, else the cores this process may use "
-        "(CPU affinity, capped by a container's CPU quota)")
-    eval_every: int = knob(5, "epochs between validation backtests")
-    checkpoint_every: int = knob(5, "epochs between checkpoints")
-    eval_seeds: int = knob(3, "seeds for the random-policy baseline in evaluation")
+        "(CPU affinity, capped by a container's CPU quota)", ge=0)
+    eval_every: int = knob(5, "epochs between validation backtests", ge=1)
+    checkpoint_every: int = knob(5, "epochs between checkpoints", ge=1)
+    keep_replay: bool = knob(
+        True, "keep the replay buffer in a finished run's checkpoint, so --resume with more --epochs continues it "
+        "exactly; false: a much smaller file with the networks, optimizer and counters (evaluate works, training "
+        "on does not). Checkpoints during the run always hold the replay"
+    )
+    eval_seeds: int = knob(3, "seeds for the random-policy baseline in evaluation", ge=0)
     capital: float = knob(
         0.0, "account size for backtest returns, Sharpe, drawdown; 0 = auto: the notional of market.max_contracts "
-        "at the split's first price (no leverage at full size)"
+        "at the split's first price (no leverage at full size)", ge=0
     )
     out: str = knob("", "run directory; empty = runs/<date>-<time>; an existing run is only continued by --resume")
 
@@ -176,22 +241,23 @@ class EvaluateConfig:
 
     segments: int = knob(
         1024, "most contiguous segments of whole episodes a backtest steps in parallel (one network forward per "
-        "step for all); 1 = one env bar by bar (the same result, slower)")
+        "step for all); 1 = one env bar by bar (the same result, slower)", ge=1)
     folds: int = knob(
         1, "1: train/validation/test by market.*_fraction; K >= 2: walk-forward: the bars after "
         "market.train_fraction are K test blocks, each fold validates on the market.validation_fraction of bars "
-        "before its block and trains on everything earlier (one network per fold)")
+        "before its block and trains on everything earlier (one network per fold)", ge=1)
     purge_bars: int = knob(
         -1, "bars left out between a fold's train, validation and test ranges; -1 = auto: 1 % of the bars, at "
-        "least learn.n_step")
-    seeds: int = knob(1, "training seeds (train.seed, +1, ...), each its own run directory; reported together")
-    bootstrap_samples: int = knob(2000, "stationary block bootstrap resamples for Sharpe confidence intervals")
-    block_length: float = knob(0.0, "mean bootstrap block length in bars; 0 = auto: n^(1/3)")
-    confidence: float = knob(0.95, "confidence level of the intervals")
-    bootstrap_seed: int = knob(0, "seed of the bootstrap resampling")
-    ma_fast: int = knob(50, "fast moving average of the MA crossover baseline (bars)")
-    ma_slow: int = knob(200, "slow moving average of the MA crossover baseline (bars)")
-    momentum_years: float = knob(1.0, "lookback of the time-series momentum baseline, in years of bars")
+        "least learn.n_step", ge=-1)
+    seeds: int = knob(1, "training seeds (train.seed, +1, ...), each its own run directory; reported together", ge=1)
+    bootstrap_samples: int = knob(2000, "stationary block bootstrap resamples for Sharpe confidence intervals", ge=100)
+    block_length: float = knob(0.0, "mean bootstrap block length in bars; 0 = auto: n^(1/3)", ge=0)
+    confidence: float = knob(0.95, "confidence level of the intervals", ge=0.5, lt=1)
+    bootstrap_seed: int = knob(0, "seed of the bootstrap resampling", ge=0, le=SEED_MAX)
+    ma_fast: int = knob(50, "fast moving average of the MA crossover baseline (bars)", ge=1)
+    ma_slow: int = knob(200, "slow moving average of the MA crossover baseline (bars)", ge=1)
+    momentum_years: float = knob(1.0, "lookback of the time-series momentum baseline, in years of bars",
+                                   gt=0)
 
     def __post_init__(self) -> None:
         checks = [
@@ -219,19 +285,21 @@ class TuneConfig:
     storage: str = knob("", "Optuna storage URL for a study shared by several machines (e.g. "
                         "postgresql://user@host/db); empty = the SQLite file study.db in tune.dir")
     study: str = knob("fitdqn", "study name in the storage")
-    trials: int = knob(20, "trials of the study in all: a re-run continues until this many have finished")
+    trials: int = knob(20, "trials of the study in all: a re-run continues until this many have finished", ge=1)
     parallel: int = knob(1, "trials at once, each its own process: CPU threads are split between them; on a GPU "
-                         "each is planned within 1/K of the free memory (per-process memory fraction)")
+                         "each is planned within 1/K of the free memory (per-process memory fraction)", ge=1)
     objective: str = knob("validation_sharpe", "validation metric of the epoch records maximised (the last "
                           "validated epoch's value; per-epoch values drive pruning)")
-    sampler: str = knob("tpe", "Optuna sampler: 'tpe' or 'random'")
-    seed: int = knob(0, "sampler seed (a re-run offsets it by the trials already in the study)")
+    sampler: str = knob("tpe", "Optuna sampler: 'tpe' or 'random'", choices=("tpe", "random"))
+    seed: int = knob(0, "sampler seed (a re-run offsets it by the trials already in the study)", ge=0,
+                     le=SEED_MAX)
     pruner: str = knob("median", "'median': stop a trial whose validation value is below the median of earlier "
-                       "trials at the same epoch; 'none'")
-    startup_trials: int = knob(3, "median pruner: finished trials before any trial is pruned")
-    warmup_epochs: int = knob(0, "median pruner: epochs of a trial before it may be pruned")
+                       "trials at the same epoch; 'none'", choices=("median", "none"))
+    startup_trials: int = knob(3, "median pruner: finished trials before any trial is pruned", ge=0)
+    warmup_epochs: int = knob(0, "median pruner: epochs of a trial before it may be pruned", ge=0)
     heartbeat_seconds: int = knob(60, "seconds between heartbeats of running trials in the storage; a trial of a "
-                                  "tune process silent for twice this is failed and queued again (0 = off)")
+                                  "tune process silent for twice this is failed and queued again (0 = off)",
+                                  ge=0)
 
 
 @dataclass(frozen=True)
@@ -376,30 +444,44 @@ def for_device(config: Config, device_kind: str) -> Config:
     return config
 
 
+def knob_error(key: str, value: Any, spec: dataclasses.Field) -> str | None:
+    """Why ``value`` is refused for the knob ``key`` (its declared bounds or choices), or None if it is fine."""
+    bounds: Bounds | None = spec.metadata.get("bounds")
+    choices: tuple[str, ...] | None = spec.metadata.get("choices")
+    help_text = spec.metadata.get("help", "")
+    if choices is not None and value not in choices:
+        listed = ", ".join(map(repr, choices[:-1])) + f" or {choices[-1]!r}" if len(choices) > 1 else repr(choices[0])
+        return f"{key} must be {listed}, got {value!r}"
+    items = value if isinstance(value, tuple) else (value,)
+    numbers = [v for v in items if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    what = f"every value of {key}" if isinstance(value, tuple) else key
+    if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+        return f"{what} must be a finite number, got {value!r} ({help_text})"
+    if bounds is not None and not all(bounds.admits(v) for v in numbers):
+        return f"{what} must be {bounds.describe()}, got {value!r} ({help_text})"
+    return None
+
+
+def check_knobs(config: Config) -> None:
+    """Every knob against its declared bounds and choices; the first refused value is a ConfigError."""
+    for section in dataclasses.fields(config):
+        values = getattr(config, section.name)
+        for spec in dataclasses.fields(values):
+            message = knob_error(f"{section.name}.{spec.name}", getattr(values, spec.name), spec)
+            if message:
+                raise ConfigError(message)
+
+
 def validate(config: Config) -> None:
-    """Cross-field checks with a message that says what to change."""
-    b, m, r, n, lrn = config.budget, config.market, config.replay, config.net, config.learn
+    """Each knob against its bounds (declared once, in its ``knob``), then the checks across fields."""
+    check_knobs(config)
+    b, m, n = config.budget, config.market, config.net
     checks = [
-        (b.batch_size >= -1, "budget.batch_size must be -1 (profile), 0 (auto) or a positive batch"),
-        (0.0 <= b.replay_buffer_vram_fraction < 1.0, "budget.replay_buffer_vram_fraction must be in [0, 1)"),
-        (0 < b.min_batch <= b.max_batch, "budget.min_batch must be positive and <= budget.max_batch"),
-        (0.0 <= b.headroom_fraction < 0.5, "budget.headroom_fraction must be in [0, 0.5)"),
-        (0 < m.train_fraction and 0 < m.validation_fraction
-         and m.train_fraction + m.validation_fraction < 1.0,
+        (b.min_batch <= b.max_batch, "budget.min_batch must be <= budget.max_batch"),
+        (m.train_fraction + m.validation_fraction < 1.0,
          "market.train_fraction + market.validation_fraction must be < 1 (the rest is the test split)"),
-        (r.capacity > 0, "replay.capacity must be positive"),
-        (config.train.capital >= 0, "train.capital must be positive (or 0 for auto)"),
-        (config.collect.num_envs >= 0, "collect.num_envs must be positive (or 0 for auto)"),
-        (config.train.threads >= 0, "train.threads must be positive (or 0 for auto)"),
-        (0.0 <= r.alpha <= 1.0, "replay.alpha must be in [0, 1]"),
         (n.d_model % n.attention_heads == 0, "net.d_model must be divisible by net.attention_heads"),
         (n.v_min < n.v_max, "net.v_min must be below net.v_max"),
-        (n.window >= 1, "net.window must be at least 1"),
-        (n.kernels in ("auto", "triton", "torch"), "net.kernels must be 'auto', 'triton' or 'torch'"),
-        (lrn.n_step >= 1, "learn.n_step must be at least 1"),
-        (lrn.target_update in ("soft", "hard"), "learn.target_update must be 'soft' or 'hard'"),
-        (lrn.risk in ("neutral", "cvar"), "learn.risk must be 'neutral' or 'cvar'"),
-        (lrn.precision in ("auto", "bf16", "fp32"), "learn.precision must be 'auto', 'bf16' or 'fp32'"),
     ]
     for ok, message in checks:
         if not ok:

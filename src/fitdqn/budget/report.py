@@ -9,6 +9,7 @@ from rich.table import Table
 
 from fitdqn.budget.planner import Plan
 from fitdqn.device.sizes import format_bytes
+from fitdqn.files import atomic_savefig
 
 
 def device_table(plan: Plan) -> Table:
@@ -93,7 +94,6 @@ def plot_plan(plan: Plan, path: str | Path) -> Path:
     bar_ax.set_title(f"{plan.device.name}: batch {plan.batch_size} ({plan.batch_source})")
     bar_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=8, frameon=False)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
     return path

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from fitdqn.evaluate.metrics import drawdown
+from fitdqn.files import atomic_savefig
 
 
 def _pyplot():
@@ -81,6 +82,6 @@ def _save(fig, plt, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)  # a kill or a full disk mid-write keeps the previous plot
     plt.close(fig)
     return path

@@ -8,11 +8,24 @@ Run directory::
     checkpoint.pt    the latest checkpoint (atomic write; loads with weights_only=True)
     best.pt          the network with the best validation Sharpe so far (the one reported; atomic)
     report.json, report.md, test_pnl.csv, equity_test.png, learning_curves.png, vram.png
+
+
+A new run needs a new or empty folder; a run is continued only by ``resume``. The first Ctrl-C (SIGINT) or
+SIGTERM stops the run at the end of the current epoch, after saving a checkpoint; a second one stops at once
+and leaves the last checkpoint as it was. A resume rolls the logs back to what its checkpoint covers, so the
+resumed run's parameters and logs equal those of a run that was never stopped. A new run that fails or is
+stopped before its first checkpoint leaves no folder behind.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fnmatch
 import json
+import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,55 +35,252 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fitdqn.budget.report import plot_plan, print_plan
-from fitdqn.config import Config, load_config
+from fitdqn.config import Config, TrainConfig, load_config, validate
 from fitdqn.device.probe import probe
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 from fitdqn.evaluate.compare import evaluate_split, time_text
 from fitdqn.evaluate.plots import plot_equity, plot_learning_curves
 from fitdqn.evaluate.report import TABLE_WIDTH, policy_label, run_markdown, split_verdict
+from fitdqn.files import remove_stale_temp_files
 from fitdqn.market.loader import Market
-from fitdqn.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
-from fitdqn.train.logs import RunLogger, read_jsonl
+from fitdqn.train.checkpoint import atomic_write_text, checkpoint_summary, load_checkpoint, save_checkpoint
+from fitdqn.train.logs import METRICS_NAME, TENSORBOARD_DIR, RunLogger, read_jsonl
 from fitdqn.train.memory_check import format_rows, peak_memory_row
 from fitdqn.train.oom import OomGuard
 from fitdqn.train.trainer import CHECKPOINT_NAME, Trainer, write_run_config
+
+CONFIG_NAME = "config.toml"
+RUN_FILES = ("config.toml", "plan.json", METRICS_NAME, TENSORBOARD_DIR, f"{TENSORBOARD_DIR}.rebuild", "*.pt",
+             "report.json", "report.md", "*.png", "evaluate_*.json", ".*.tmp")  # what fitdqn writes into a run
+# what `fitdqn tune` puts into a trial's folder before its run starts (fitdqn.tune.worker's SPEC_FILE, LOG_FILE),
+# and an evaluation study into a fold's (fold.json): a new run may start beside them, and keeps them when it
+# ends before its first checkpoint
+SETUP_FILES = ("trial.json", "train.log", "fold.json")
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run stopped on a signal (``signum``; the CLI exits with 128 + signum). ``saved``: at the end of an
+    epoch, with a checkpoint of it; else at once, the last checkpoint left as it was."""
+
+    def __init__(self, signum: int, message: str, saved: bool) -> None:
+        super().__init__(message)
+        self.signum, self.saved = signum, saved
+
+
+class StopRequests:
+    """SIGINT and SIGTERM during a run. While the epochs run (:meth:`graceful`) the first asks for a stop at the
+    end of the epoch and the second stops at once; outside them (planning, the final report) the first stops at
+    once (``Interrupted`` raised where the program is). Handlers are only installed in the main thread."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.signum: int | None = None
+        self.saved_epoch: int | None = None  # the last checkpoint's epoch, for the messages
+        self.in_epochs = False
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.previous = {}
+
+    @contextlib.contextmanager
+    def graceful(self):
+        self.in_epochs = True
+        try:
+            yield
+        finally:
+            self.in_epochs = False
+
+    def handle(self, signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None or not self.in_epochs:
+            raise Interrupted(signum, f"{name}: stopped at once", saved=False)
+        self.signum = signum
+        self.console.print(
+            f"{name}: stopping at the end of this epoch, after saving a checkpoint; "
+            f"{'Ctrl-C again' if signum == signal.SIGINT else 'another SIGTERM or Ctrl-C'} stops at once and keeps "
+            f"{self.last_checkpoint()} as it is", style="yellow",
+            highlight=False, soft_wrap=True)
+
+    def last_checkpoint(self) -> str:
+        return "no checkpoint" if self.saved_epoch is None else f"the last checkpoint (epoch {self.saved_epoch})"
+
 
 BEST_NAME = "best.pt"
 
 
 def default_run_dir() -> Path:
-    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    """runs/<date>-<time>, with -2, -3, ... when that folder exists already (two runs started in one second)."""
+    base = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
 
 
 def resume_config(run_dir: Path) -> Config:
-    path = run_dir / "config.toml"
+    """The config of the run in ``run_dir``, less its time limit: a resume runs with a new one, or none."""
+    path = run_dir / CONFIG_NAME
     if not path.is_file():
-        raise UserError(f"'{run_dir}' has no config.toml: not a fitdqn run directory (fitdqn train --out writes one)")
-    return load_config(path)
+        raise UserError(f"'{run_dir}' has no {CONFIG_NAME}: not a fitdqn run directory (fitdqn train --out writes "
+                        "one)")
+    config = load_config(path)
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, minutes=TrainConfig().minutes))
+
+
+def is_run_file(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in RUN_FILES)
+
+
+def check_new_run_dir(run_dir: Path) -> None:
+    """A new run goes into a new or empty folder only; anything else is refused with what to do instead."""
+    if not run_dir.exists():
+        return
+    if not run_dir.is_dir():
+        raise UserError(f"--out '{run_dir}' is a file, not a folder: give a new folder for the run")
+    names = sorted(p.name for p in run_dir.iterdir() if p.name not in SETUP_FILES)
+    if not names:
+        return
+    if CHECKPOINT_NAME in names and CONFIG_NAME in names:
+        raise UserError(f"'{run_dir}' already holds a run ({CHECKPOINT_NAME}): continue it with --resume "
+                        f"{run_dir}, or give another --out")
+    foreign = [n for n in names if not is_run_file(n)]
+    if CONFIG_NAME in names and not foreign:
+        raise UserError(f"'{run_dir}' holds a run that stopped before its first checkpoint: there is nothing to "
+                        "resume and fitdqn does not write over it; delete that folder or give another --out")
+    shown = ", ".join((foreign or names)[:5]) + (", ..." if len(foreign or names) > 5 else "")
+    raise UserError(f"'{run_dir}' is not empty and holds no fitdqn run ({shown}): a new run goes into a new or "
+                    "empty folder, so nothing there is written over; give another --out")
+
+
+def discard_new_run(run_dir: Path, created: list[Path], before: set[str], console: Console) -> None:
+    """A new run that ends before its first checkpoint leaves nothing: its files, and the folders it made, go
+    (what was in the folder before it started, ``before``, stays)."""
+    if not run_dir.is_dir():
+        return
+    if created:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        for parent in created[1:]:  # e.g. runs/, when this run made it and nothing else is in it
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+    else:  # the folder was empty but for SETUP_FILES: everything else in it is this run's
+        for path in run_dir.iterdir():
+            if path.name in before:
+                continue
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+    console.print(f"no checkpoint was written: removed what the run had put in '{run_dir}'", style="dim",
+                  highlight=False, soft_wrap=True)
+
+
+def save(trainer: Trainer, run_dir: Path, logger: RunLogger, replay: bool = True) -> dict[str, Any]:
+    """The latest checkpoint, at an epoch boundary, noting how many log records it covers."""
+    state = trainer.state_dict()
+    if not replay:
+        state.pop("replay")
+    state["logs"] = {"records": logger.records}
+    save_checkpoint(run_dir / CHECKPOINT_NAME, state)
+    return state
+
+
+def logs_covered(state: dict[str, Any], run_dir: Path) -> int:
+    """How many metrics.jsonl records the checkpoint covers (older checkpoints: the records up to its epoch)."""
+    if "logs" in state:
+        return int(state["logs"]["records"])
+    records = read_jsonl(run_dir / METRICS_NAME)
+    epoch = int(state["epoch"])
+    kept = 0
+    for record in records:
+        if record.get("step", 0) > epoch or (record.get("kind") != "epoch" and record.get("step", 0) == epoch):
+            break
+        kept += 1
+    return kept
+
+
+def checked_resume_state(config: Config, run_dir: Path, device: torch.device) -> dict[str, Any]:
+    """The checkpoint to resume from, refused early (before planning) when it cannot be continued."""
+    if not (run_dir / CHECKPOINT_NAME).is_file():
+        raise UserError(f"cannot resume: no {CHECKPOINT_NAME} in '{run_dir}'; start a new run without --resume")
+    remove_stale_temp_files(run_dir)  # a write killed midway: it never replaced anything
+    state = load_checkpoint(run_dir / CHECKPOINT_NAME, map_location=device)
+    epoch = int(state["epoch"])
+    if config.train.epochs < epoch:
+        raise UserError(f"the checkpoint in '{run_dir}' is at epoch {epoch} but train.epochs is "
+                        f"{config.train.epochs}: give --epochs above {epoch} to train on")
+    if "replay" not in state and config.train.epochs > epoch:
+        raise UserError(f"the checkpoint in '{run_dir}' was saved without its replay buffer (train.keep_replay = "
+                        "false): the run can be evaluated but not trained on; start a new run to train longer")
+    return state
 
 
 def train(config: Config, run_dir: Path, resume: bool = False, console: Console | None = None,
           trainer_hook=None, on_epoch=None, market: Market | None = None) -> dict[str, Any]:
     """Train (or resume) a run in ``run_dir``; returns the report. ``on_epoch(record) -> bool`` sees each epoch's
     record after it is logged; True ends the run there (saved and reported as if its epochs were done).
-    ``market``: bars already loaded (a walk-forward fold's splits), else loaded from ``config.market``."""
+    ``market``: bars already loaded (a walk-forward fold's splits), else loaded from ``config.market``.
+
+    Raises :class:`Interrupted` (a ``KeyboardInterrupt``) when SIGINT or SIGTERM stopped the run: during the
+    epochs the first signal stops at the end of the epoch, with a checkpoint; else, or at a second signal, at once.
+    """
     console = console or Console()
     console.print(f"run directory: {run_dir}", highlight=False, markup=False, soft_wrap=True)
-    if resume and not (run_dir / CHECKPOINT_NAME).is_file():
-        raise UserError(f"cannot resume: no {CHECKPOINT_NAME} in '{run_dir}'; start a new run without --resume")
-    if not resume and (run_dir / CHECKPOINT_NAME).exists():
-        raise UserError(f"'{run_dir}' already holds a run ({CHECKPOINT_NAME}): continue it with --resume "
-                        f"{run_dir}, or give another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    validate(config)
+    if not resume:
+        check_new_run_dir(run_dir)
+    created = missing_folders(run_dir)
+    before = set() if created or resume else {p.name for p in run_dir.iterdir()}  # a new run's: SETUP_FILES
+    stop = StopRequests(console)
+    try:
+        with stop:
+            return run_epochs(config, run_dir, resume, console, trainer_hook, on_epoch, stop, market)
+    except BaseException as error:
+        if isinstance(error, Interrupted) and error.saved:
+            console.print(f"{error}: checkpoint saved; resume with --resume {run_dir}",
+                          highlight=False, soft_wrap=True)
+        elif isinstance(error, KeyboardInterrupt) and stop.saved_epoch is not None:
+            console.print(f"stopped at once: {stop.last_checkpoint()} is intact; resume with --resume {run_dir}",
+                          highlight=False, soft_wrap=True)
+        if not resume and not (run_dir / CHECKPOINT_NAME).exists():
+            discard_new_run(run_dir, created, before, console)
+        raise
+
+
+def missing_folders(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet (deepest first): what a run would create."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, trainer_hook, on_epoch,
+               stop: StopRequests, market: Market | None) -> dict[str, Any]:
     device_info = probe(config.train.device)
+    state = checked_resume_state(config, run_dir, device_info.torch_device) if resume else None
     trainer = Trainer(config, device_info, market=market)
     print_plan(trainer.plan, console)
-    if resume:
-        trainer.restore(run_dir)
-        console.print(f"resumed from {run_dir / CHECKPOINT_NAME} at epoch {trainer.epoch}" + (
-            f", at batch {trainer.batch_size} (the OOM guard's)" if trainer.oom_batch_size else ""))
+    if state is not None:
+        trainer.load_state_dict(state)
+        stop.saved_epoch = trainer.epoch
+        console.print(f"resumed from {run_dir / CHECKPOINT_NAME} at epoch {trainer.epoch}"
+                      + (f", at batch {trainer.batch_size} (the OOM guard's)" if trainer.oom_batch_size else "")
+                      + (f"; time limit {config.train.minutes:g} min" if config.train.minutes > 0 else ""),
+                      highlight=False, soft_wrap=True)
     config = trainer.config  # with the device's auto values resolved: what a resume must use
+    run_dir.mkdir(parents=True, exist_ok=True)
     write_run_config(run_dir, config)
     plan_record = {**trainer.plan.to_json(),
                    "allocated": trainer.ledger.compare(trainer.plan, trainer.persistent_bytes())}
@@ -83,49 +293,69 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     if trainer_hook is not None:
         trainer_hook(trainer)
 
-    logger = RunLogger(run_dir)
-    guard = OomGuard(trainer, console, logger)
-    deadline = time.monotonic() + 60 * config.train.minutes if config.train.minutes > 0 else None
+    logger = RunLogger(run_dir, tensorboard=True, keep=None if state is None else logs_covered(state, run_dir))
+    if logger.dropped:
+        console.print(f"metrics.jsonl and tensorboard/ rolled back to the checkpoint: {logger.dropped} record(s) "
+                      "of epochs after it dropped (they are run again)", highlight=False, soft_wrap=True)
+    has_replay = state is None or "replay" in state
     try:
-        with progress_bar(console) as progress:
-            task = progress.add_task("train", total=config.train.epochs, completed=trainer.epoch, status="")
-            while trainer.epoch < config.train.epochs:
-                stats = guard.run_epoch()
-                record = {"epoch": stats.epoch, "updates": stats.updates, "seconds": stats.seconds, **stats.values}
-                if stats.epoch % config.train.eval_every == 0 or stats.epoch == config.train.epochs:
-                    validation = guard.run("evaluation", evaluate_split, trainer.learner, trainer.market_on_device,
-                                           config, "validation", baselines=False, progress=progress).results
-                    record["validation_sharpe"] = validation["agent"]["sharpe"]
-                    record["validation_return"] = validation["agent"]["total_return"]
-                    keep_best(trainer, run_dir, record)
-                trainer.history.append(record)
-                logger.log(stats.epoch, "epoch", record)
-                progress.update(task, completed=stats.epoch, status=status_line(record))
-                if not console.is_terminal:  # logs and pipes get one line per epoch instead of a live bar
-                    console.print(f"epoch {stats.epoch}/{config.train.epochs}  {status_line(record)}",
-                                  highlight=False)
-                if stats.epoch % config.train.checkpoint_every == 0:
-                    guard.run("checkpoint", trainer.save, run_dir)
-                if on_epoch is not None and on_epoch(record):
-                    break
-                if deadline is not None and time.monotonic() > deadline:
-                    console.print(f"time limit of {config.train.minutes:g} min reached at epoch {stats.epoch}")
-                    break
-    except KeyboardInterrupt:
-        trainer.save(run_dir)
+        guard = OomGuard(trainer, console, logger)
+        run_loop(trainer, config, run_dir, console, logger, stop, on_epoch, guard)
+        finished = trainer.epoch >= config.train.epochs
+        final = guard.run("checkpoint", save, trainer, run_dir, logger,
+                          replay=has_replay and (config.train.keep_replay or not finished))
+        stop.saved_epoch = trainer.epoch
+        console.print(checkpoint_summary(run_dir / CHECKPOINT_NAME, final) + (
+            "; train.keep_replay = false leaves the replay out of a finished run's checkpoint" if "replay" in final
+            else "; without the replay buffer: it can be evaluated, not trained on"),
+            highlight=False, soft_wrap=True)
+        if trainer.device.type == "cuda":
+            plan_record["peak"] = peak_memory_row(trainer.plan, torch.cuda.max_memory_reserved(trainer.device))
+            for line in format_rows([plan_record["peak"]]):
+                console.print(line, highlight=False)
+        atomic_write_text(run_dir / "plan.json", json.dumps(plan_record, indent=2))
+        report = guard.run("evaluation", final_report, trainer, run_dir, console)
+        logger.log(trainer.epoch, "test", {"sharpe": report["test"]["agent"]["sharpe"]})
+    finally:
         logger.close()
-        console.print(f"interrupted: checkpoint saved at epoch {trainer.epoch}; resume with --resume {run_dir}")
-        raise
-    guard.run("checkpoint", trainer.save, run_dir)
-    if trainer.device.type == "cuda":
-        plan_record["peak"] = peak_memory_row(trainer.plan, torch.cuda.max_memory_reserved(trainer.device))
-        for line in format_rows([plan_record["peak"]]):
-            console.print(line, highlight=False)
-    atomic_write_text(run_dir / "plan.json", json.dumps(plan_record, indent=2))
-    report = guard.run("evaluation", final_report, trainer, run_dir, console)
-    logger.log(trainer.epoch, "test", {"sharpe": report["test"]["agent"]["sharpe"]})
-    logger.close()
     return report
+
+
+def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, logger: RunLogger,
+             stop: StopRequests, on_epoch, guard: OomGuard) -> None:
+    """The epochs, until train.epochs, the time limit, ``on_epoch`` saying so, or a stop request (then after
+    saving this epoch's checkpoint)."""
+    deadline = time.monotonic() + 60 * config.train.minutes if config.train.minutes > 0 else None
+    with stop.graceful(), progress_bar(console) as progress:
+        task = progress.add_task("train", total=config.train.epochs, completed=trainer.epoch, status="")
+        while trainer.epoch < config.train.epochs:
+            stats = guard.run_epoch()
+            record = {"epoch": stats.epoch, "updates": stats.updates, "seconds": stats.seconds, **stats.values}
+            if stats.epoch % config.train.eval_every == 0 or stats.epoch == config.train.epochs:
+                validation = guard.run("evaluation", evaluate_split, trainer.learner, trainer.market_on_device,
+                                       config, "validation", baselines=False, progress=progress).results
+                record["validation_sharpe"] = validation["agent"]["sharpe"]
+                record["validation_return"] = validation["agent"]["total_return"]
+                keep_best(trainer, run_dir, record)
+            trainer.history.append(record)
+            logger.log(stats.epoch, "epoch", record)
+            progress.update(task, completed=stats.epoch, status=status_line(record))
+            if not console.is_terminal:  # logs and pipes get one line per epoch instead of a live bar
+                console.print(f"epoch {stats.epoch}/{config.train.epochs}  {status_line(record)}", highlight=False)
+            last = stats.epoch == config.train.epochs  # the final checkpoint follows the loop
+            if not last and (stats.epoch % config.train.checkpoint_every == 0 or stop.signum is not None):
+                guard.run("checkpoint", save, trainer, run_dir, logger)
+                stop.saved_epoch = stats.epoch
+            if (on_epoch is not None and on_epoch(record)) or last:
+                break
+            if stop.signum is not None:
+                name = signal.Signals(stop.signum).name
+                raise Interrupted(stop.signum, f"{name}: stopped at the end of epoch {stats.epoch}", saved=True)
+            if deadline is not None and time.monotonic() > deadline:
+                console.print(f"time limit of {config.train.minutes:g} min reached at epoch {stats.epoch}; "
+                              f"--resume {run_dir} continues (with a new --minutes, or none)",
+                              highlight=False, soft_wrap=True)
+                break
 
 
 def progress_bar(console: Console) -> Progress:

@@ -244,7 +244,8 @@ class Trainer:
                 "run's own config.toml, or start a new run"
             )
         self.learner.load_state_dict(state["learner"])
-        self.replay.load_state_dict(state["replay"])
+        if "replay" in state:  # a finished run's checkpoint may leave it out (train.keep_replay)
+            self.replay.load_state_dict(state["replay"])
         self.collector.load_state_dict(state["collector"])
         self.sample_generator.set_state(state["generators"]["sample"])
         self.act_generator.set_state(state["generators"]["act"])
