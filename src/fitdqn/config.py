@@ -35,6 +35,8 @@ def knob(default: Any, help: str) -> Any:
 class NetConfig:
     """Networks: trunk + attention, branching dueling C51 head, IQN head, IQL value net."""
 
+    size: str = knob("auto", "network widths: 'full' (the widths below), 'small' (widths left at their defaults "
+                     "become config.SMALL_NET's, for a CPU), 'auto' ('full' on CUDA, 'small' on the CPU)")
     window: int = knob(8, "bars per observation: the attention block attends over this many bar tokens")
     trunk_hidden: int = knob(512, "first trunk layer width (state -> trunk_hidden -> d_model)")
     d_model: int = knob(256, "trunk output width = attention model width")
@@ -62,14 +64,20 @@ class NetConfig:
 class LearnConfig:
     """The update: double-DQN n-step targets, C51 + IQN + IQL losses, Adam, target network."""
 
-    gamma: float = knob(0.99, "discount per step")
-    n_step: int = knob(3, "n-step return length")
-    lr: float = knob(1e-4, "Adam learning rate")
+    gamma: float = knob(0.9, "discount per step")
+    n_step: int = knob(1, "n-step return length")
+    lr: float = knob(5e-4, "Adam learning rate at batch learn.base_batch (scaled for the batch in use by "
+                     "learn.lr_scaling)")
+    base_batch: int = knob(256, "the batch at which learn.lr, learn.target_tau and learn.target_period are given")
+    lr_scaling: str = knob("sqrt", "learning rate at batch B: 'sqrt' (lr x sqrt(B / base_batch), the rule for Adam), "
+                           "'linear' (lr x B / base_batch) or 'none'")
     adam_eps: float = knob(1.5e-4, "Adam epsilon")
     grad_clip: float = knob(10.0, "global gradient-norm clip")
     target_update: str = knob("soft", "target network update: 'soft' (Polyak, every step) or 'hard' (copy)")
-    target_tau: float = knob(0.005, "Polyak factor for soft target updates")
-    target_period: int = knob(1000, "updates between hard target copies")
+    target_tau: float = knob(0.005, "Polyak factor of one soft target update at learn.base_batch (at batch B: "
+                             "1 - (1 - tau)^(B / base_batch), the same time constant in samples)")
+    target_period: int = knob(1000, "updates at learn.base_batch between hard target copies (the same number "
+                              "of samples at any batch)")
     kappa: float = knob(1.0, "IQN quantile Huber threshold")
     iqn_loss_weight: float = knob(1.0, "weight of the IQN loss in the total loss")
     iql_expectile: float = knob(0.7, "IQL expectile tau for V(s)")
@@ -79,7 +87,7 @@ class LearnConfig:
     cvar_alpha: float = knob(0.25, "CVaR level for risk-averse action selection")
     epsilon_start: float = knob(1.0, "epsilon-greedy exploration at the start")
     epsilon_end: float = knob(0.05, "epsilon-greedy exploration after decay")
-    epsilon_decay_steps: int = knob(200_000, "env steps (over all parallel episodes) to decay epsilon")
+    epsilon_decay_fraction: float = knob(0.5, "share of the run's env steps over which epsilon decays linearly")
     precision: str = knob("auto", "autocast: 'auto' (bf16 where supported on CUDA), 'bf16' or 'fp32'")
 
 
@@ -91,11 +99,12 @@ class ReplayConfig:
     prioritized: bool = knob(True, "prioritized sampling (sum tree); False = uniform")
     alpha: float = knob(0.6, "priority exponent")
     beta_start: float = knob(0.4, "importance-weight exponent at the start, annealed to beta_end")
-    beta_end: float = knob(1.0, "importance-weight exponent at the end of training")
+    beta_end: float = knob(1.0, "importance-weight exponent at the end of training (linear in the run's env steps)")
     priority_eps: float = knob(1e-6, "added to |TD error| so no transition gets zero priority")
     her: bool = knob(True, "relabel goals with HER ('future' strategy)")
     her_k: int = knob(4, "HER future goals per real goal: relabel probability k / (k + 1)")
-    min_fill: int = knob(10_000, "transitions stored before updates start")
+    min_fill: int = knob(10_000, "transitions stored before updates start (at most one epoch's: updates start in "
+                         "the first epoch)")
     compile: bool = knob(True, "torch.compile the replay's sampling maths on CUDA (few fused kernels)")
 
 
@@ -109,7 +118,14 @@ class MarketConfig:
     validation_fraction: float = knob(0.15, "next part for validation; the rest is the test split")
     episode_length: int = knob(256, "bars per training episode (random start offsets)")
     max_contracts: int = knob(2, "largest absolute position; target positions are -max..+max")
-    reward_scale: float = knob(1e-3, "reward = net P&L in currency x reward_scale")
+    reward: str = knob("vol", "reward per step: 'pnl' (net P&L in currency) or 'vol' (net P&L / the decision "
+                       "bar's ATR(14) of one contract: position x return / trailing volatility - costs), "
+                       "times market.reward_scale")
+    reward_scale: float = knob(0.0, "0 = derived from the training split (market.reward_support_sigmas); "
+                               "a positive value is used as given")
+    reward_support_sigmas: float = knob(
+        4.0, "derived reward scale: the C51 support's half-width (net.v_max) holds this many standard deviations "
+        "of the full-position discounted return (learn.gamma) on the training split")
     synthetic_bars: int = knob(6000, "bars generated for 'synthetic'")
     synthetic_signal: float = knob(0.3, "strength of the planted predictable component in 'synthetic'")
     seed: int = knob(0, "seed for the synthetic market")
@@ -119,7 +135,7 @@ class MarketConfig:
 class CollectConfig:
     """Experience collection on the vectorised environment."""
 
-    num_envs: int = knob(0, "parallel episodes stepped on the device; 0 = auto: 4096 on a GPU, 128 on the CPU")
+    num_envs: int = knob(0, "parallel episodes stepped on the device; 0 = auto: 4096 on a GPU, 32 on the CPU")
     steps_per_epoch: int = knob(64, "env steps per parallel episode in each epoch")
 
 
@@ -147,7 +163,9 @@ class TrainConfig:
     seed: int = knob(0, "seed for everything")
     epochs: int = knob(20, "epochs of collect + update")
     minutes: float = knob(0.0, "stop after this many minutes (0 = no limit)")
-    replay_ratio: float = knob(1.0, "times each collected transition is used: updates = ratio x collected / batch")
+    sample_reuse: float = knob(8.0, "samples drawn per transition collected: updates = reuse x collected / batch "
+                               "(the run's total is exact at any batch)")
+    min_updates: int = knob(200, "a run planned to make fewer updates than this is reported as too short")
     cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
     eval_every: int = knob(5, "epochs between validation backtests")
     checkpoint_every: int = knob(5, "epochs between checkpoints")
@@ -225,7 +243,13 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
     raise ConfigError(f"config key '{key}': expected {type_name}, got {value!r} ({type(value).__name__})")
 
 
-RENAMED_KEYS = {"net.iqn_kernel": "'net.kernels' (values 'auto', 'triton', 'torch'; 'chunked' is now 'torch')"}
+RENAMED_KEYS = {
+    "net.iqn_kernel": "'net.kernels' (values 'auto', 'triton', 'torch'; 'chunked' is now 'torch')",
+    "train.replay_ratio": "'train.sample_reuse' (samples drawn per transition collected; the same number: "
+    "updates = reuse x collected / batch)",
+    "learn.epsilon_decay_steps": "'learn.epsilon_decay_fraction' (the share of the run's env steps over which "
+    "epsilon decays, e.g. 0.5)",
+}
 
 
 def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
@@ -288,15 +312,28 @@ def with_overrides(config: Config, overrides: dict[str, Any]) -> Config:
     return config_from_dict(nested, config)
 
 
-AUTO_NUM_ENVS = {"cuda": 4096, "cpu": 128}  # collect.num_envs = 0: enough envs to keep each device busy
+# collect.num_envs = 0: enough envs to keep a GPU busy; on the CPU a run of the default length (20 epochs x 64
+# steps x 32 envs, train.sample_reuse 8: 1,280 updates at batch 256) that trains the small nets in minutes
+AUTO_NUM_ENVS = {"cuda": 4096, "cpu": 32}
+AUTO_NET_SIZE = {"cuda": "full", "cpu": "small"}
+# net.size = 'small': the widths of a net that a 2-core CPU trains at ~10 updates/s at batch 256 (the full
+# widths: ~1 update/s, too slow to learn in minutes)
+SMALL_NET = {"trunk_hidden": 128, "d_model": 64, "stream_hidden": 64, "iqn_embedding": 32, "iqn_quantiles": 16,
+             "iqn_act_quantiles": 16, "iql_hidden": 64}
 
 
 def for_device(config: Config, device_kind: str) -> Config:
-    """Resolve the 'auto' values that depend on the device kind ('cuda' or 'cpu')."""
+    """Resolve the 'auto' values that depend on the device kind ('cuda' or 'cpu'); idempotent."""
     if config.collect.num_envs == 0:
         collect = dataclasses.replace(config.collect, num_envs=AUTO_NUM_ENVS[device_kind])
         config = dataclasses.replace(config, collect=collect)
-    return config
+    size = AUTO_NET_SIZE[device_kind] if config.net.size == "auto" else config.net.size
+    net = dataclasses.replace(config.net, size=size)
+    if size == "small":  # widths the user left at their defaults become the small ones
+        defaults = NetConfig()
+        net = dataclasses.replace(net, **{k: v for k, v in SMALL_NET.items()
+                                          if getattr(net, k) == getattr(defaults, k)})
+    return dataclasses.replace(config, net=net)
 
 
 def validate(config: Config) -> None:
@@ -318,10 +355,20 @@ def validate(config: Config) -> None:
         (n.v_min < n.v_max, "net.v_min must be below net.v_max"),
         (n.window >= 1, "net.window must be at least 1"),
         (n.kernels in ("auto", "triton", "torch"), "net.kernels must be 'auto', 'triton' or 'torch'"),
+        (n.size in ("auto", "full", "small"), "net.size must be 'auto', 'full' or 'small'"),
         (lrn.n_step >= 1, "learn.n_step must be at least 1"),
         (lrn.target_update in ("soft", "hard"), "learn.target_update must be 'soft' or 'hard'"),
         (lrn.risk in ("neutral", "cvar"), "learn.risk must be 'neutral' or 'cvar'"),
         (lrn.precision in ("auto", "bf16", "fp32"), "learn.precision must be 'auto', 'bf16' or 'fp32'"),
+        (lrn.base_batch >= 1, "learn.base_batch must be a positive batch size"),
+        (lrn.lr_scaling in ("sqrt", "linear", "none"), "learn.lr_scaling must be 'sqrt', 'linear' or 'none'"),
+        (0.0 < lrn.target_tau <= 1.0, "learn.target_tau must be in (0, 1]"),
+        (lrn.target_period >= 1, "learn.target_period must be at least 1"),
+        (0.0 < lrn.epsilon_decay_fraction <= 1.0, "learn.epsilon_decay_fraction must be in (0, 1]"),
+        (config.train.sample_reuse > 0, "train.sample_reuse must be positive (samples per transition collected)"),
+        (config.market.reward in ("pnl", "vol"), "market.reward must be 'pnl' or 'vol'"),
+        (config.market.reward_scale >= 0, "market.reward_scale must be positive (or 0: derived from the data)"),
+        (config.market.reward_support_sigmas > 0, "market.reward_support_sigmas must be positive"),
     ]
     for ok, message in checks:
         if not ok:

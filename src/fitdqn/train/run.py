@@ -57,7 +57,7 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     run_dir.mkdir(parents=True, exist_ok=True)
     device_info = probe(config.train.device)
     trainer = Trainer(config, device_info)
-    print_plan(trainer.plan, console)
+    print_plan(trainer.plan, console, trainer.schedule, trainer.reward_info)
     if resume:
         trainer.restore(run_dir)
         console.print(f"resumed from {run_dir / CHECKPOINT_NAME} at epoch {trainer.epoch}")
@@ -140,6 +140,8 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
     """Test and validation backtests beside the baselines; report.json, report.md and plots."""
     config = trainer.config
     report: dict[str, Any] = {"epochs": trainer.epoch, "updates": trainer.updates_done,
+                              "env_steps": trainer.env_steps_done, "samples": trainer.samples_done,
+                              "schedule": trainer.schedule.to_json(), "reward": trainer.reward_info.describe(),
                               "batch_size": trainer.batch_size, "batch_source": trainer.plan.batch_source,
                               "device": trainer.device_info.name}
     curves, times = {}, None
@@ -169,6 +171,8 @@ def report_markdown(report: dict[str, Any], trainer: Trainer) -> str:
         f"{report['epochs']} epochs, {report['updates']} updates at batch {report['batch_size']} "
         f"({report['batch_source']}) on {report['device']}; planned memory "
         f"{format_bytes(plan.planned_bytes)} of {format_bytes(plan.device.free_bytes or 0)} free.",
+        f"{report['env_steps']:,} env steps, {report['samples']:,} samples drawn (train.sample_reuse "
+        f"{trainer.config.train.sample_reuse:g}); reward: {report['reward']}.",
         "",
     ]
     keys = ("total_return", "sharpe", "sortino", "max_drawdown", "calmar", "turnover", "trades", "win_rate")
