@@ -10,7 +10,8 @@ not follow that choice. So a run is set by:
 * **the learning rate at a base batch** (``learn.lr`` at ``learn.base_batch``), scaled for the batch in use by
   ``learn.lr_scaling``: ``'sqrt'`` (default; ``lr x sqrt(batch / base_batch)``, the square-root rule for Adam:
   Malladi et al. 2022, "On the SDEs and scaling rules for adaptive gradient algorithms"), ``'linear'``
-  (Goyal et al. 2017, for SGD) or ``'none'``;
+  (Goyal et al. 2017, for SGD) or ``'none'``, never above ``learn.lr_max`` (the rules hold while the rate is
+  small: at batch 16384 the square-root rule's 4e-3 from 5e-4 at 256 diverged on the synthetic market);
 * **target-network time constants in samples**: the soft factor ``learn.target_tau`` is the Polyak factor of
   one update at the base batch; at batch ``B`` it is ``1 - (1 - tau)^(B / base_batch)``, so after any number
   of samples the online weights' share in the target is the same at every batch. A hard copy every
@@ -36,12 +37,13 @@ LR_SCALINGS = ("sqrt", "linear", "none")
 
 
 def scaled_lr(learn: LearnConfig, batch_size: int) -> float:
-    """``learn.lr`` (given at ``learn.base_batch``) for ``batch_size`` under ``learn.lr_scaling``."""
+    """``learn.lr`` (given at ``learn.base_batch``) for ``batch_size`` under ``learn.lr_scaling``, at most
+    ``learn.lr_max``."""
     ratio = batch_size / learn.base_batch
     if learn.lr_scaling == "sqrt":
-        return learn.lr * math.sqrt(ratio)
+        return min(learn.lr * math.sqrt(ratio), learn.lr_max)
     if learn.lr_scaling == "linear":
-        return learn.lr * ratio
+        return min(learn.lr * ratio, learn.lr_max)
     if learn.lr_scaling == "none":
         return learn.lr
     raise ValueError(f"learn.lr_scaling must be one of {LR_SCALINGS}, got {learn.lr_scaling!r}")

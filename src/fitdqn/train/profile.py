@@ -155,7 +155,8 @@ def profile_config(config: Config, steps_given: bool) -> Config:
     """The config the profile runs: auto batch (the plan gives the cap) and short epochs unless given."""
     overrides: dict[str, Any] = {"budget.batch_size": 0}
     if not steps_given:
-        overrides["collect.steps_per_epoch"] = min(config.collect.steps_per_epoch, PROFILE_STEPS_PER_EPOCH)
+        overrides["collect.steps_per_epoch"] = min(config.collect.steps_per_epoch or PROFILE_STEPS_PER_EPOCH,
+                                                       PROFILE_STEPS_PER_EPOCH)
     return with_overrides(config, overrides)
 
 
