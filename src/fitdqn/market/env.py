@@ -224,7 +224,7 @@ def derive_reward_scale(market: Market, config) -> RewardScale:
     training split, module docstring) and where the training split's returns then fall."""
     m, learn, net = config.market, config.learn, config.net
     raw = full_position_rewards(market, net.window, m.max_contracts, m.reward)
-    horizon = min(m.episode_length, max(learn.n_step, math.ceil(3.0 / max(1.0 - learn.gamma, 1e-6))))
+    horizon = min(m.episode_length, max(learn.n_step, round(3.0 / max(1.0 - learn.gamma, 1e-6))))  # 3 time constants
     full = discounted_returns(raw, learn.gamma, horizon)
     if m.reward_scale > 0:
         scale, source = m.reward_scale, "given"
