@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -56,6 +57,9 @@ def momentum_sharpe(trainer, split: str) -> float:
 
 
 def git_commit() -> str:
+    """The code's commit (FITDQN_COMMIT where the tree travelled without its .git)."""
+    if os.environ.get("FITDQN_COMMIT"):
+        return os.environ["FITDQN_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent).stdout.strip() or "unknown"
@@ -69,9 +73,9 @@ def run(args: argparse.Namespace) -> None:
     kept = {}
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         report = train(config, run_dir, console=Console(quiet=True), trainer_hook=lambda t: kept.setdefault("t", t))
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         epochs = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"]
     trainer = kept["t"]
     elapsed, curve = 0.0, []
@@ -82,7 +86,7 @@ def run(args: argparse.Namespace) -> None:
                           record["validation_sharpe"]})
     result = {
         "seed": args.seed, "overrides": overrides, "device": report["device"], "commit": git_commit(),
-        "date": time.strftime("%Y-%m-%d"), "seconds": seconds, "train_seconds": elapsed,
+        "date": time.strftime("%Y-%m-%d"), "seconds": seconds, "cpu_seconds": cpu_seconds, "train_seconds": elapsed,
         "batch_size": report["batch_size"], "updates": report["updates"], "samples": report["samples"],
         "env_steps": report["env_steps"], "reward": report["reward"], "curve": curve,
     }

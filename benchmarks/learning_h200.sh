@@ -4,7 +4,7 @@
 #   OUT=results bash benchmarks/learning_h200.sh
 # then: python benchmarks/learning.py summary $OUT/h200_default_s*.json --plot curve.png
 set -u
-export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 FITDQN_COMMIT=${FITDQN_COMMIT:-$(git rev-parse --short HEAD)}
 OUT=${OUT:-results}
 mkdir -p "$OUT"
 L="python3 benchmarks/learning.py run"
