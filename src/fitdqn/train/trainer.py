@@ -71,9 +71,9 @@ class Trainer:
             torch.set_flush_denormal(True)
         self.market = market or load_market(config.market, window=config.net.window, device="cpu")
         # market.reward_scale = 0: derived from the training split, and kept in the run's config
-        self.config, self.reward_info = resolve_reward(config, self.market)
-        config = self.config
-        self.reward_info: RewardScale
+        resolved, reward_info = resolve_reward(config, self.market)
+        self.config = config = resolved
+        self.reward_info: RewardScale = reward_info  # printed in the plan table and the report
         self.plan: Plan = plan_for_device(config, self.device_info, PlanInputs.from_market(self.market, config))
         self.batch_size = self.plan.batch_size
         self.schedule = Schedule.from_config(config, self.batch_size)
