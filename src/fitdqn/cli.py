@@ -7,6 +7,7 @@
     fitdqn train      plan, allocate, train, evaluate: the whole run, resumable
     fitdqn evaluate   backtest a run's checkpoint on a split beside buy-and-hold and random
     fitdqn bench      update, replay and collector throughput on this device (CPU too)
+    fitdqn tune       hyperparameter trials with Optuna, K at once (each planned within its share of the GPU)
 
 Every option is documented in ``fitdqn <command> --help``; every default lives in ``fitdqn.config``.
 """
@@ -26,6 +27,7 @@ from fitdqn.config import Config
 from fitdqn.device import DeviceInfo, load_profiles, match_profile, parse_size, probe, what_if
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
+from fitdqn.tune.cli import add_parser as add_tune_parser
 
 COMMON_ALIASES = ("budget.batch_size", "market.data", "train.device", "train.seed")
 
@@ -133,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     add_config_arguments(bench, COMMON_ALIASES)
     bench.set_defaults(run=run_bench)
+    add_tune_parser(commands)
     return parser
 
 

@@ -181,6 +181,30 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class TuneConfig:
+    """Hyperparameter trials (`fitdqn tune`): the Optuna study, its sampler and pruner, trials at once."""
+
+    dir: str = knob("tune", "tune directory: the study database, trials/<number>/ (one run directory per trial), "
+                    "best.toml and the report's plots")
+    storage: str = knob("", "Optuna storage URL for a study shared by several machines (e.g. "
+                        "postgresql://user@host/db); empty = the SQLite file study.db in tune.dir")
+    study: str = knob("fitdqn", "study name in the storage")
+    trials: int = knob(20, "trials of the study in all: a re-run continues until this many have finished")
+    parallel: int = knob(1, "trials at once, each its own process: CPU threads are split between them; on a GPU "
+                         "each is planned within 1/K of the free memory (per-process memory fraction)")
+    objective: str = knob("validation_sharpe", "validation metric of the epoch records maximised (the last "
+                          "validated epoch's value; per-epoch values drive pruning)")
+    sampler: str = knob("tpe", "Optuna sampler: 'tpe' or 'random'")
+    seed: int = knob(0, "sampler seed (a re-run offsets it by the trials already in the study)")
+    pruner: str = knob("median", "'median': stop a trial whose validation value is below the median of earlier "
+                       "trials at the same epoch; 'none'")
+    startup_trials: int = knob(3, "median pruner: finished trials before any trial is pruned")
+    warmup_epochs: int = knob(0, "median pruner: epochs of a trial before it may be pruned")
+    heartbeat_seconds: int = knob(60, "seconds between heartbeats of running trials in the storage; a trial of a "
+                                  "tune process silent for twice this is failed and queued again (0 = off)")
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything fitdqn reads; `fitdqn <command> --help` lists every field."""
 
@@ -191,6 +215,7 @@ class Config:
     collect: CollectConfig = field(default_factory=CollectConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
 
 def section_types() -> dict[str, type]:

@@ -46,8 +46,9 @@ def resume_config(run_dir: Path) -> Config:
 
 
 def train(config: Config, run_dir: Path, resume: bool = False, console: Console | None = None,
-          trainer_hook=None) -> dict[str, Any]:
-    """Train (or resume) a run in ``run_dir``; returns the report."""
+          trainer_hook=None, on_epoch=None) -> dict[str, Any]:
+    """Train (or resume) a run in ``run_dir``; returns the report. ``on_epoch(record) -> bool`` sees each epoch's
+    record after it is logged; True ends the run there (saved and reported as if its epochs were done)."""
     console = console or Console()
     if resume and not (run_dir / CHECKPOINT_NAME).is_file():
         raise UserError(f"cannot resume: no {CHECKPOINT_NAME} in '{run_dir}'; start a new run without --resume")
@@ -96,6 +97,8 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
                                   highlight=False)
                 if stats.epoch % config.train.checkpoint_every == 0:
                     trainer.save(run_dir)
+                if on_epoch is not None and on_epoch(record):
+                    break
                 if deadline is not None and time.monotonic() > deadline:
                     console.print(f"time limit of {config.train.minutes:g} min reached at epoch {stats.epoch}")
                     break

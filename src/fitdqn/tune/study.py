@@ -1,0 +1,207 @@
+"""The Optuna study of a tune directory: storage, sampler, pruner, what a re-run continues, the best config.
+
+A study remembers the base config, the search space and the objective it was made with (study user attributes);
+a re-run with a different one is refused, so every trial of a study is comparable. Trials are counted in all:
+``tune.trials`` finished trials (complete, pruned or failed), not counting one that was cut off (its tune process
+ended) and queued again with the same params.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.pruners import BasePruner, MedianPruner, NopPruner
+from optuna.samplers import BaseSampler, RandomSampler, TPESampler
+from optuna.storages import RDBStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from fitdqn.config import Config, ConfigError, TuneConfig, config_to_dict, dump_config, with_overrides
+from fitdqn.errors import UserError
+from fitdqn.train.checkpoint import atomic_write_text
+from fitdqn.tune.space import SearchSpace, space_json
+
+STUDY_FILE = "study.db"
+BEST_FILE = "best.toml"
+TRIALS_DIR = "trials"
+REQUEUED_FROM = "requeued_from"  # user attribute of a trial queued again in place of a cut-off one
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("median", "none")
+
+
+def check_tune_config(tune: TuneConfig) -> None:
+    checks = [
+        (tune.trials >= 1, "tune.trials must be at least 1 (--trials N)"),
+        (tune.parallel >= 1, "tune.parallel must be at least 1 (--parallel K)"),
+        (tune.sampler in SAMPLERS, f"tune.sampler must be one of {', '.join(SAMPLERS)}"),
+        (tune.pruner in PRUNERS, f"tune.pruner must be one of {', '.join(PRUNERS)}"),
+        (tune.startup_trials >= 0 and tune.warmup_epochs >= 0,
+         "tune.startup_trials and tune.warmup_epochs must be 0 or more"),
+        (tune.heartbeat_seconds >= 0, "tune.heartbeat_seconds must be 0 (off) or more"),
+        (tune.objective.startswith("validation_"),
+         f"tune.objective must be a validation metric of the epoch records (validation_sharpe, validation_return), "
+         f"got '{tune.objective}': trials are never chosen on the test split"),
+        (bool(tune.study), "tune.study must name the study"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def storage_url(tune: TuneConfig) -> str:
+    """tune.storage, or the SQLite file in tune.dir."""
+    return tune.storage or f"sqlite:///{(Path(tune.dir) / STUDY_FILE).resolve()}"
+
+
+def open_storage(url: str, heartbeat_seconds: int = 0) -> RDBStorage:
+    """An RDB storage (SQLite, PostgreSQL, MySQL URL); with a heartbeat, a trial whose tune process went silent
+    for twice the interval is failed by the next process that looks, and queued again (:func:`requeue`)."""
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None  # K writers at once
+    heartbeat = {"heartbeat_interval": heartbeat_seconds, "heartbeat_stale_trial_callback": requeue_stale
+                 } if heartbeat_seconds > 0 else {}
+    try:
+        return RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+    except (ImportError, ValueError, optuna.exceptions.StorageInternalError) as error:
+        raise UserError(f"cannot open the Optuna storage '{url}': {error}; give an SQLAlchemy URL such as "
+                        "sqlite:///tune/study.db or postgresql://user@host/db (--storage URL)") from None
+    except Exception as error:  # sqlalchemy's own errors (bad URL, unreachable server)
+        raise UserError(f"cannot open the Optuna storage '{url}': {type(error).__name__}: {error}") from None
+
+
+def make_sampler(tune: TuneConfig, offset: int) -> BaseSampler:
+    """A seeded sampler; ``offset`` (trials already in the study) keeps a re-run from drawing the same params."""
+    seed = tune.seed + offset
+    if tune.sampler == "random":
+        return RandomSampler(seed=seed)
+    return TPESampler(seed=seed, constant_liar=tune.parallel > 1)  # running trials count as pending results
+
+
+def make_pruner(tune: TuneConfig) -> BasePruner:
+    if tune.pruner == "none":
+        return NopPruner()
+    return MedianPruner(n_startup_trials=tune.startup_trials, n_warmup_steps=tune.warmup_epochs)
+
+
+def study_identity(base: Config, space: SearchSpace) -> dict[str, str]:
+    """What makes trials comparable: the base config (less [tune]), the search space, the objective."""
+    config = {k: v for k, v in config_to_dict(base).items() if k != "tune"}
+    return {"base_config": json.dumps(config, sort_keys=True), "search": space_json(space),
+            "objective": base.tune.objective}
+
+
+def open_study(base: Config, space: SearchSpace, storage: RDBStorage) -> optuna.Study:
+    """Create the study, or load it to continue; refuse one made with another config, space or objective."""
+    tune = base.tune
+    study = optuna.create_study(study_name=tune.study, storage=storage, direction="maximize",
+                                pruner=make_pruner(tune), load_if_exists=True)
+    identity = study_identity(base, space)
+    if not study.user_attrs:
+        for key, value in identity.items():
+            study.set_user_attr(key, value)
+    else:
+        check_same_study(study, identity)
+    study.sampler = make_sampler(tune, len(study.get_trials(deepcopy=False)))
+    return study
+
+
+def check_same_study(study: optuna.Study, identity: dict[str, str]) -> None:
+    saved = study.user_attrs
+    hint = "give a new --dir (or --tune.study NAME) for a new study"
+    if saved.get("objective") != identity["objective"]:
+        raise UserError(f"study '{study.study_name}' maximises {saved.get('objective')}, not "
+                        f"{identity['objective']}: {hint}")
+    if saved.get("search") != identity["search"]:
+        raise UserError(f"study '{study.study_name}' was made with another search space ({saved.get('search')}): "
+                        f"give the same [search] to continue it, or {hint}")
+    if saved.get("base_config") != identity["base_config"]:
+        before, now = json.loads(saved.get("base_config", "{}")), json.loads(identity["base_config"])
+        changed = sorted(f"{section}.{key}" for section in now for key in now[section]
+                         if before.get(section, {}).get(key) != now[section][key])
+        raise UserError(f"study '{study.study_name}' was made with another base config (changed: "
+                        f"{', '.join(changed) or 'sections'}): give the same config to continue it, or {hint}")
+
+
+def requeued_numbers(trials: list[FrozenTrial]) -> set[int]:
+    return {t.user_attrs[REQUEUED_FROM] for t in trials if REQUEUED_FROM in t.user_attrs}
+
+
+def count_trials(study: optuna.Study) -> tuple[int, int]:
+    """(finished, running) trials of the study; a cut-off trial queued again is not counted as finished."""
+    trials = study.get_trials(deepcopy=False)
+    replaced = requeued_numbers(trials)
+    finished = sum(1 for t in trials if t.state.is_finished() and t.number not in replaced)
+    running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+    return finished, running
+
+
+def requeue(study: optuna.Study, storage: RDBStorage, trial: FrozenTrial, reason: str) -> None:
+    """Fail a running trial that was cut off (recording why) and queue its params again as a new trial."""
+    storage.set_trial_user_attr(trial._trial_id, "error", reason)
+    study.tell(trial.number, state=TrialState.FAIL)
+    study.enqueue_trial(trial.params, user_attrs={REQUEUED_FROM: trial.number})
+
+
+def requeue_stale(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Optuna's callback for a trial its heartbeat found stale (already failed): queue its params again."""
+    study.enqueue_trial(trial.params, user_attrs={REQUEUED_FROM: trial.number})
+
+
+def pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def recover_cut_off(study: optuna.Study, storage: RDBStorage) -> list[int]:
+    """Trials left RUNNING by a tune process of this machine that has ended: failed and queued again.
+
+    Trials of other machines are left to the heartbeat (``tune.heartbeat_seconds``)."""
+    host, numbers = socket.gethostname(), []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if trial.user_attrs.get("host") == host and not pid_alive(trial.user_attrs.get("tune_pid")):
+            requeue(study, storage, trial, "cut off: its tune process ended before the trial finished; queued again")
+            numbers.append(trial.number)
+    if storage.get_heartbeat_interval() is not None:
+        optuna.storages.fail_stale_trials(study)
+    return numbers
+
+
+def best_config(base: Config, study: optuna.Study) -> tuple[Config, FrozenTrial] | None:
+    """The base config with the best complete trial's params, or None while no trial is complete."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete:
+        return None
+    best = max(complete, key=lambda t: t.value)
+    return with_overrides(base, dict(best.params)), best
+
+
+def write_best_config(base: Config, study: optuna.Study, tune_dir: Path) -> Path | None:
+    """``best.toml``: what ``fitdqn train --config`` takes to train the best trial's config again."""
+    found = best_config(base, study)
+    if found is None:
+        return None
+    config, trial = found
+    header = (f"# best trial {trial.number} of study '{study.study_name}': {base.tune.objective} = {trial.value:.4f}"
+              f"\n# run: {trial.user_attrs.get('run_dir', '?')}\n# train it again: fitdqn train --config "
+              f"{tune_dir / BEST_FILE}\n")
+    path = tune_dir / BEST_FILE
+    atomic_write_text(path, header + dump_config(config))
+    return path
+
+
+def trial_config(base: Config, params: dict[str, Any], run_dir: Path) -> Config:
+    """A trial's config: the base with its params, writing into its own run directory."""
+    try:
+        return with_overrides(base, {**params, "train.out": str(run_dir)})
+    except ConfigError as error:
+        raise UserError(f"params {params} make an invalid config: {error}") from None

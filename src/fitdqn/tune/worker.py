@@ -1,0 +1,149 @@
+"""One trial in its own process: ``python -m fitdqn.tune.worker RUN_DIR/trial.json``.
+
+The tune process writes ``trial.json`` (the trial's config, its thread count and memory share, the study) and
+reads back ``result.json``; it alone tells the study how the trial ended. Here: cap this process's threads and,
+on a GPU, its allocator (``torch.cuda.set_per_process_memory_fraction``, before anything is allocated: the probe
+reads the cap into ``DeviceInfo.allocator_limit_bytes`` and the planner plans within it), then train the run with
+an epoch hook that reports the validation objective to the study and stops the run when the pruner says so.
+
+``python -m fitdqn.tune.worker --probe DEVICE`` prints the probed device as JSON (the tune process asks a
+separate process, so that it holds no CUDA context of its own).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from rich.console import Console
+
+from fitdqn.config import config_from_dict
+from fitdqn.device.probe import configure_allocator, probe, resolve_device
+from fitdqn.errors import UserError
+from fitdqn.train.checkpoint import atomic_write_text
+from fitdqn.train.logs import read_jsonl
+from fitdqn.tune.study import make_pruner, open_storage
+
+SPEC_FILE = "trial.json"
+RESULT_FILE = "result.json"
+LOG_FILE = "train.log"
+
+
+class EpochReporter:
+    """``train(on_epoch=...)``: reports each validated epoch's objective to the trial; True (stop) when pruned."""
+
+    def __init__(self, trial: optuna.trial.Trial, objective: str) -> None:
+        self.trial, self.objective = trial, objective
+        self.last: float | None = None
+        self.pruned = False
+        self.epochs: list[dict[str, Any]] = []  # per epoch: when it ended, its seconds, updates and batch
+
+    def __call__(self, record: dict[str, Any]) -> bool:
+        self.epochs.append({"epoch": record["epoch"], "end": time.time(), "seconds": record["seconds"],
+                            "updates": record["updates"], "batch_size": record.get("batch_size")})
+        value = record.get(self.objective)
+        if value is None or not math.isfinite(float(value)):
+            return False
+        self.last = float(value)
+        self.trial.report(self.last, step=int(record["epoch"]))
+        if self.trial.should_prune():
+            self.pruned = True
+            return True
+        return False
+
+
+def cap_memory(device_spec: str, fraction: float | None) -> None:
+    """This process's share of the GPU: PyTorch's allocator may hold at most ``fraction`` x total."""
+    if fraction is None:
+        return
+    configure_allocator()  # before the first allocation, as a plain run does
+    device = resolve_device(device_spec)
+    if device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+
+
+def run_trial(spec: dict[str, Any], console: Console) -> dict[str, Any]:
+    """Train the trial's run; the result the tune process records (state, value and what the run measured)."""
+    from fitdqn.train.run import train
+
+    torch.set_num_threads(spec["threads"])
+    config = config_from_dict(spec["config"])
+    cap_memory(config.train.device, spec["memory_fraction"])
+    storage = open_storage(spec["storage"])
+    study = optuna.load_study(study_name=spec["study"], storage=storage, pruner=make_pruner(config.tune))
+    trial = optuna.trial.Trial(study, spec["trial_id"])
+    reporter = EpochReporter(trial, config.tune.objective)
+    run_dir = Path(config.train.out)
+    held: dict[str, Any] = {}
+
+    def keep_trainer(trainer) -> None:  # the plan beside the run from the start (train() rewrites it at the end)
+        held["trainer"] = trainer
+        atomic_write_text(run_dir / "plan.json", json.dumps(trainer.plan.to_json(), indent=2))
+
+    train(config, run_dir, console=console, trainer_hook=keep_trainer, on_epoch=reporter)
+    result = run_measurements(held["trainer"], reporter, run_dir)
+    if reporter.last is None:
+        return {**result, "state": "fail", "error": f"the run reported no {config.tune.objective}: validate at "
+                f"least once (train.eval_every <= train.epochs, and no train.minutes limit before it)"}
+    return {**result, "state": "pruned" if reporter.pruned else "complete", "value": reporter.last}
+
+
+def run_measurements(trainer, reporter: EpochReporter, run_dir: Path) -> dict[str, Any]:
+    timed = [e for e in reporter.epochs if e["updates"]]
+    samples = sum(e["updates"] * (e["batch_size"] or trainer.batch_size) for e in timed)
+    seconds = sum(e["seconds"] for e in timed)
+    result = {
+        "epochs": trainer.epoch, "batch_size": trainer.batch_size, "threads": torch.get_num_threads(),
+        "samples_per_s": samples / seconds if seconds > 0 else 0.0,
+        "planned_bytes": trainer.plan.planned_bytes,
+        "allocator_limit_bytes": trainer.device_info.allocator_limit_bytes,
+        "ooms": sum(1 for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "oom"),
+        "timeline": reporter.epochs,
+    }
+    if trainer.device.type == "cuda":
+        result["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved(trainer.device))
+    return result
+
+
+def error_text(error: BaseException) -> str:
+    return str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    if argv[:1] == ["--probe"]:
+        try:
+            print(json.dumps(probe(argv[1]).to_json()))
+        except UserError as error:
+            print(json.dumps({"error": str(error)}))
+            return 2
+        return 0
+    spec_path = Path(argv[0])
+    spec = json.loads(spec_path.read_text())
+    result_path = spec_path.parent / RESULT_FILE
+    started = time.monotonic()
+    console = Console()
+    code = 0
+    try:
+        result = run_trial(spec, console)
+    except KeyboardInterrupt:
+        result, code = {"state": "interrupted"}, 130
+    except Exception as error:  # the trial fails, the study goes on: its error is recorded
+        traceback.print_exc()
+        result, code = {"state": "fail", "error": error_text(error)}, 1
+    result["seconds"] = time.monotonic() - started
+    atomic_write_text(result_path, json.dumps(result, indent=2))
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,143 @@
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+optuna = pytest.importorskip("optuna")
+
+from optuna.pruners import MedianPruner  # noqa: E402
+from optuna.trial import TrialState, create_trial  # noqa: E402
+from tune_helpers import quiet  # noqa: E402
+
+from fitdqn.cli import main  # noqa: E402
+from fitdqn.config import Config, with_overrides  # noqa: E402
+from fitdqn.errors import UserError  # noqa: E402
+from fitdqn.tune.runner import memory_fraction, threads_per_trial  # noqa: E402
+from fitdqn.tune.space import parse_search_space  # noqa: E402
+from fitdqn.tune.study import (  # noqa: E402
+    REQUEUED_FROM,
+    count_trials,
+    open_storage,
+    open_study,
+    recover_cut_off,
+    storage_url,
+)
+from fitdqn.tune.worker import EpochReporter  # noqa: E402
+
+SEARCH = {"learn.lr": {"low": 1e-5, "high": 1e-3, "log": True}, "learn.n_step": {"choices": [1, 3]}}
+
+
+def base_config(tmp_path, **overrides):
+    return with_overrides(Config(), {"tune.dir": str(tmp_path / "tune"), **overrides})
+
+
+def epoch(number, **values):
+    return {"epoch": number, "seconds": 0.5, "updates": 4, "batch_size": 64, **values}
+
+
+def test_reporter_reports_validated_epochs_and_stops_when_pruned():
+    study = optuna.create_study(direction="maximize", pruner=MedianPruner(n_startup_trials=1))
+    study.add_trial(create_trial(value=3.0, intermediate_values={1: 1.0, 2: 3.0}))
+    trial = study.ask()
+    reporter = EpochReporter(trial, "validation_sharpe")
+    assert reporter(epoch(1)) is False  # not validated this epoch: nothing reported
+    assert reporter(epoch(1, validation_sharpe=1.5)) is False  # above the median of epoch 1
+    assert reporter(epoch(2, validation_sharpe=2.0)) is True  # its best, 2.0, is below the median of epoch 2: stop
+    assert reporter.pruned and reporter.last == 2.0
+    assert study.trials[1].intermediate_values == {1: 1.5, 2: 2.0}
+    assert [e["epoch"] for e in reporter.epochs] == [1, 1, 2]
+
+
+def test_threads_and_memory_are_split_between_trials():
+    assert [threads_per_trial(16, k) for k in (1, 2, 4, 5, 32)] == [16, 8, 4, 3, 1]
+    assert memory_fraction(100, 140, 1) is None  # one trial at a time: uncapped
+    assert memory_fraction(100, 140, 4) == pytest.approx(25 / 140)
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_cut_off_trial_is_failed_and_queued_again(tmp_path):
+    config = base_config(tmp_path)
+    space = parse_search_space(SEARCH, config)
+    (tmp_path / "tune").mkdir()
+    storage = open_storage(storage_url(config.tune))
+    study = open_study(config, space, storage)
+    alive, cut = study.ask(space.distributions), study.ask(space.distributions)
+    for trial, pid in ((alive, 0), (cut, dead_pid())):
+        trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("tune_pid", pid or __import__("os").getpid())
+    assert recover_cut_off(study, storage) == [cut.number]
+    trials = study.get_trials()
+    assert trials[alive.number].state == TrialState.RUNNING
+    assert trials[cut.number].state == TrialState.FAIL and "cut off" in trials[cut.number].user_attrs["error"]
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert len(waiting) == 1 and waiting[0].user_attrs[REQUEUED_FROM] == cut.number
+    assert count_trials(study) == (0, 1)  # the cut-off trial does not count as finished
+    again = study.ask(space.distributions)
+    assert again.params == cut.params
+
+
+def test_a_study_refuses_another_space_or_base_config(tmp_path):
+    config = base_config(tmp_path)
+    (tmp_path / "tune").mkdir()
+    storage = open_storage(storage_url(config.tune))
+    open_study(config, parse_search_space(SEARCH, config), storage)
+    open_study(with_overrides(config, {"tune.trials": 99}), parse_search_space(SEARCH, config), storage)  # [tune] ok
+    with pytest.raises(UserError, match="another search space"):
+        open_study(config, parse_search_space({"learn.lr": {"low": 1e-5, "high": 1e-2}}, config), storage)
+    with pytest.raises(UserError, match=r"another base config \(changed: learn.gamma\)"):
+        open_study(with_overrides(config, {"learn.gamma": 0.9}), parse_search_space(SEARCH, config), storage)
+
+
+def test_missing_optuna_is_a_clean_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    assert main(["tune", "--report", "tune"]) == 2
+    assert "pip install 'fitdqn[tune]'" in capsys.readouterr().err
+
+
+def test_report_of_a_directory_without_a_study(tmp_path, capsys):
+    assert main(["tune", "--report", str(tmp_path)]) == 2
+    assert "no study.db" in capsys.readouterr().err
+    assert not (tmp_path / "study.db").exists()
+
+
+def test_objective_must_be_a_validation_metric(tmp_path):
+    from fitdqn.tune.runner import TuneRun
+
+    config = base_config(tmp_path, **{"tune.objective": "test_sharpe"})
+    with pytest.raises(UserError, match="never chosen on the test split"):
+        TuneRun(config, parse_search_space(SEARCH, config), console=None)
+
+
+def test_a_trial_of_another_machine_gone_silent_is_queued_again(tmp_path):
+    config = base_config(tmp_path, **{"tune.heartbeat_seconds": 1})
+    space = parse_search_space(SEARCH, config)
+    (tmp_path / "tune").mkdir()
+    storage = open_storage(storage_url(config.tune), heartbeat_seconds=1)
+    study = open_study(config, space, storage)
+    trial = study.ask(space.distributions)
+    trial.set_user_attr("host", "another-machine")
+    storage.record_heartbeat(trial._trial_id)
+    assert recover_cut_off(study, storage) == [] and study.trials[0].state == TrialState.RUNNING
+    time.sleep(3.5)  # past the grace period (twice the interval; SQLite keeps whole seconds) without a heartbeat
+    recover_cut_off(study, storage)
+    assert study.trials[0].state == TrialState.FAIL
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert len(waiting) == 1 and waiting[0].user_attrs[REQUEUED_FROM] == 0
+    assert study.ask(space.distributions).params == trial.params
+
+
+def test_bars_that_do_not_load_stop_the_study_before_any_trial(tmp_path):
+    from fitdqn.tune.runner import TuneRun
+
+    config = base_config(tmp_path, **{"market.data": str(tmp_path / "missing.csv")})
+    run = TuneRun(config, parse_search_space(SEARCH, config), console=quiet())
+    with pytest.raises(UserError, match="missing.csv"):
+        run.run()
+    assert run.study.get_trials() == []

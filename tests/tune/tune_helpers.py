@@ -1,0 +1,39 @@
+"""A tiny config for whole studies on the CPU (2 epochs of 16 env steps, tiny nets) and its TOML form."""
+
+import io
+from pathlib import Path
+
+import tomli_w
+from rich.console import Console
+
+from fitdqn.config import Config, with_overrides
+
+TINY = {
+    "market.data": "synthetic", "market.synthetic_bars": 1200, "market.episode_length": 32,
+    "net.window": 4, "net.trunk_hidden": 64, "net.d_model": 32, "net.stream_hidden": 32, "net.num_atoms": 11,
+    "net.iqn_embedding": 16, "net.iqn_quantiles": 8, "net.iqn_act_quantiles": 8, "net.iql_hidden": 32,
+    "collect.num_envs": 16, "collect.steps_per_epoch": 16,
+    "replay.capacity": 4096, "replay.min_fill": 128,
+    "budget.batch_size": 64,
+    "train.device": "cpu", "train.epochs": 2, "train.eval_every": 1, "train.checkpoint_every": 2,
+    "train.eval_seeds": 1,
+}
+SEARCH = {"learn.lr": {"low": 1e-5, "high": 1e-3}, "learn.n_step": {"choices": [1, 3]}}
+
+
+def tiny_config(tune_dir: Path, **tune) -> Config:
+    return with_overrides(Config(), {**TINY, "tune.dir": str(tune_dir), "tune.study": "tiny",
+                                     **{f"tune.{k}": v for k, v in tune.items()}})
+
+
+def quiet() -> Console:
+    return Console(file=io.StringIO(), width=160)
+
+
+def toml_of(values: dict, search: dict) -> str:
+    """Dotted config values and a [search] table as one TOML file (what `fitdqn tune --config` reads)."""
+    nested: dict[str, dict] = {}
+    for dotted, value in values.items():
+        section, _, key = dotted.partition(".")
+        nested.setdefault(section, {})[key] = value
+    return tomli_w.dumps({**nested, "search": search})
