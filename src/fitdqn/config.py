@@ -71,8 +71,8 @@ class LearnConfig:
     base_batch: int = knob(256, "the batch at which learn.lr, learn.target_tau and learn.target_period are given")
     lr_scaling: str = knob("sqrt", "learning rate at batch B: 'sqrt' (lr x sqrt(B / base_batch), the rule for Adam), "
                            "'linear' (lr x B / base_batch) or 'none'; at most learn.lr_max")
-    lr_max: float = knob(1e-3, "the largest learning rate the scaling rule gives (4e-3 at batch 16384 diverged "
-                         "on the synthetic market)")
+    lr_max: float = knob(1e-3, "the largest learning rate the scaling rule scales up to (4e-3 at batch 16384 "
+                         "diverged on the synthetic market); a learn.lr above it is kept as given")
     adam_eps: float = knob(1.5e-4, "Adam epsilon")
     grad_clip: float = knob(10.0, "global gradient-norm clip")
     target_update: str = knob("soft", "target network update: 'soft' (Polyak, every step) or 'hard' (copy)")
@@ -385,7 +385,6 @@ def validate(config: Config) -> None:
         (config.train.capital >= 0, "train.capital must be positive (or 0 for auto)"),
         (config.collect.num_envs >= 0, "collect.num_envs must be positive (or 0 for auto)"),
         (config.collect.steps_per_epoch >= 0, "collect.steps_per_epoch must be positive (or 0 for auto)"),
-        (lrn.lr_max >= lrn.lr, "learn.lr_max must be at least learn.lr"),
         (0.0 <= r.alpha <= 1.0, "replay.alpha must be in [0, 1]"),
         (n.d_model % n.attention_heads == 0, "net.d_model must be divisible by net.attention_heads"),
         (n.v_min < n.v_max, "net.v_min must be below net.v_max"),

@@ -25,6 +25,7 @@ def test_sqrt_rule_from_the_base_batch_capped_at_lr_max():
     assert scaled_lr(cfg, 16384) == pytest.approx(1e-3)  # 4e-3 by the rule, capped
     assert scaled_lr(learn(lr=1e-4, lr_scaling="linear", lr_max=1.0), 1024) == pytest.approx(4e-4)
     assert scaled_lr(learn(lr=1e-4, lr_scaling="none"), 16384) == pytest.approx(1e-4)
+    assert scaled_lr(learn(lr=2e-3, lr_max=1e-3), 16384) == pytest.approx(2e-3)  # a given lr above the cap stays
 
 
 def test_soft_target_keeps_its_time_constant_in_samples():

@@ -37,13 +37,14 @@ LR_SCALINGS = ("sqrt", "linear", "none")
 
 
 def scaled_lr(learn: LearnConfig, batch_size: int) -> float:
-    """``learn.lr`` (given at ``learn.base_batch``) for ``batch_size`` under ``learn.lr_scaling``, at most
-    ``learn.lr_max``."""
+    """``learn.lr`` (given at ``learn.base_batch``) for ``batch_size`` under ``learn.lr_scaling``; the rule scales
+    up to ``learn.lr_max`` (a ``learn.lr`` above it is kept as given)."""
     ratio = batch_size / learn.base_batch
+    cap = max(learn.lr_max, learn.lr)
     if learn.lr_scaling == "sqrt":
-        return min(learn.lr * math.sqrt(ratio), learn.lr_max)
+        return min(learn.lr * math.sqrt(ratio), cap)
     if learn.lr_scaling == "linear":
-        return min(learn.lr * ratio, learn.lr_max)
+        return min(learn.lr * ratio, cap)
     if learn.lr_scaling == "none":
         return learn.lr
     raise ValueError(f"learn.lr_scaling must be one of {LR_SCALINGS}, got {learn.lr_scaling!r}")
