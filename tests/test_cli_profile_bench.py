@@ -140,7 +140,7 @@ def test_profile_config_shortens_epochs_unless_given():
     from fitdqn.config import Config
 
     assert profile_config(Config(), steps_given=False).collect.steps_per_epoch == 16
-    assert profile_config(Config(), steps_given=True).collect.steps_per_epoch == 64
+    assert profile_config(Config(), steps_given=True).collect.steps_per_epoch == Config().collect.steps_per_epoch
     assert profile_config(Config(), steps_given=False).budget.batch_size == 0
 
 
