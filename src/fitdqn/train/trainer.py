@@ -197,7 +197,6 @@ class Trainer:
                 self.update_step()
             self.updates_done += 1
             done += 1
-        self.samples_done += done * self.batch_size
         return done
 
     def run_epoch(self) -> EpochStats:
@@ -209,7 +208,9 @@ class Trainer:
         collected = self.pending["collected"]
         if self.can_update():
             while self.updates_due() > 0:  # re-read after each update: an OOM re-plan changes the batch
-                self.pending["updates"] += self.train_updates(1)
+                done = self.train_updates(1)
+                self.pending["updates"] += done
+                self.samples_done += done * self.batch_size  # the budget counts the epochs' updates only
         updates = self.pending["updates"]
         self.pending = None
         values = ({key: float(v) / updates for key, v in self.stat_sums.items()}  # host sync
