@@ -1,10 +1,18 @@
 import json
+import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
+import torch
 
-from fitdqn.cli import main
+from fitdqn import __version__
+from fitdqn.cli import build_parser, main
+from fitdqn.cli_args import config_from_args
+from fitdqn.config import Config, config_from_dict, field_types, load_config, section_types
+from fitdqn.device.threads import cpu_threads, omp_num_threads, usable_cpus
+from fitdqn.errors import UserError
 
 
 def plan_json(capsys, *args):
@@ -56,8 +64,161 @@ def test_plan_table_and_profiles_list(capsys):
     assert all(name in out for name in ("rtx3050", "a100", "h100", "default"))
 
 
-def test_help_shows_every_config_field():
-    out = subprocess.run([sys.executable, "-m", "fitdqn", "plan", "--help"], capture_output=True, text=True,
+def test_help_all_shows_every_config_field():
+    out = subprocess.run([sys.executable, "-m", "fitdqn", "plan", "--help-all"], capture_output=True, text=True,
                          check=True).stdout
     assert "--budget.replay_buffer_vram_fraction" in out and "--batch-size" in out
     assert "share of probed free memory" in out
+    for section, section_type in section_types().items():
+        for key in field_types(section_type):
+            assert f"--{section}.{key}" in out, key
+    assert "--no-replay.her" in out  # booleans say how to turn them off
+
+
+def subcommand(name: str):
+    commands = next(a for a in build_parser()._actions if a.dest == "command")
+    return commands.choices[name]
+
+
+def parsed_config(*argv: str) -> Config:
+    return config_from_args(build_parser().parse_args(list(argv)))
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fitdqn {__version__} (torch {torch.__version__})"
+
+
+def test_print_config_prints_the_resolved_toml_and_exits(tmp_path, capsys):
+    path = tmp_path / "run.toml"
+    path.write_text("[learn]\nlr = 0.003\nn_step = 2\n[market]\ndata = 'synthetic'\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--config", str(path), "--learn.n_step", "5", "--epochs", "7", "--print-config",
+              "--out", str(tmp_path / "never")])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    config = config_from_dict(tomllib.loads(printed))
+    assert (config.learn.lr, config.learn.n_step, config.train.epochs, config.market.data) == (0.003, 5, 7,
+                                                                                               "synthetic")
+    assert config.replay == Config().replay  # the rest: defaults
+    assert not (tmp_path / "never").exists()  # nothing ran
+
+
+def test_print_config_of_a_resume_shows_the_runs_config(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("[train]\nepochs = 3\nseed = 9\n")
+    with pytest.raises(SystemExit):
+        main(["train", "--resume", str(run), "--epochs", "6", "--print-config"])
+    config = load_config_text(capsys.readouterr().out, tmp_path)
+    assert (config.train.epochs, config.train.seed) == (6, 9)
+
+
+def load_config_text(text: str, tmp_path) -> Config:
+    path = tmp_path / "printed.toml"
+    path.write_text(text)
+    return load_config(path)
+
+
+@pytest.mark.parametrize("argv, her", [
+    ((), True), (("--replay.her",), True), (("--no-replay.her",), False), (("--replay.her", "false"), False),
+    (("--replay.her", "no"), False), (("--no-replay.her", "--replay.her", "true"), True),
+])
+def test_boolean_flags(argv, her):
+    assert parsed_config("train", *argv).replay.her is her
+
+
+def test_boolean_flag_with_underscores_and_hyphens():
+    assert parsed_config("plan", "--no-train.cuda_graphs").train.cuda_graphs is False
+    assert parsed_config("plan", "--no-train.cuda-graphs").train.cuda_graphs is False
+    assert parsed_config("plan", "--train.cuda-graphs", "false").train.cuda_graphs is False
+
+
+def test_bad_boolean_is_a_clear_error(capsys):
+    assert main(["plan", "--replay.her", "maybe", "--gpu", "h100"]) == 2
+    assert "'replay.her': expected bool" in capsys.readouterr().err
+
+
+def test_hyphenated_option_names():
+    config = parsed_config("train", "--learn.n-step", "4", "--budget.replay-buffer-vram-fraction", "0.5",
+                           "--train.replay-ratio", "2")
+    assert (config.learn.n_step, config.budget.replay_buffer_vram_fraction, config.train.replay_ratio) == (4, 0.5, 2.0)
+    assert parsed_config("train", "--learn.n_step", "4").learn.n_step == 4
+
+
+def test_free_memory_without_a_unit_is_refused(capsys):
+    assert main(["plan", "--gpu", "rtx3050", "--free-memory", "1.7"]) == 2
+    err = capsys.readouterr().err
+    assert "give a unit (GiB, MB, ...)" in err and "1.7GiB" in err and "Traceback" not in err
+
+
+def test_gpu_profiles_and_its_old_name(capsys):
+    assert main(["gpu-profiles"]) == 0
+    listed = capsys.readouterr().out
+    assert main(["profiles"]) == 0
+    assert capsys.readouterr().out == listed
+    top = build_parser().format_help()
+    assert "gpu-profiles (profiles)" in top
+    assert "fitdqn profile" in subcommand("gpu-profiles").format_help()  # says which command measures
+    assert "fitdqn gpu-profiles" in subcommand("profile").format_help()  # says which command lists
+
+
+@pytest.mark.parametrize("name", ["plan", "train", "profile", "bench"])
+def test_short_help_groups_the_common_options_first(name):
+    short = subcommand(name).format_help()
+    lines = short.splitlines()
+    assert lines[2] == "examples:" and lines[3].startswith(f"  fitdqn {name}")  # examples at the top
+    assert "--batch-size" in short and "--data" in short and "--print-config" in short and "--help-all" in short
+    assert "--net.trunk_hidden" not in short and "--replay.her_k" not in short  # only with --help-all
+    for section in section_types():
+        assert f"[{section}]" in short  # every section is named, with how many options it has
+    assert len(lines) < 110
+
+
+def test_help_all_lists_more_than_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help-all"])
+    full = capsys.readouterr().out
+    assert "--net.trunk_hidden" in full and "--replay.her_k" in full and "--resume" in full
+    assert full.count("\n") > subcommand("train").format_help().count("\n") + 100
+
+
+def test_cpu_threads_rules(tmp_path):
+    assert cpu_threads(3, environ={"OMP_NUM_THREADS": "5"}) == 3  # train.threads wins
+    assert cpu_threads(0, environ={"OMP_NUM_THREADS": "5"}) == 5  # then OMP_NUM_THREADS
+    assert cpu_threads(0, environ={}, root=tmp_path) == usable_cpus(tmp_path)  # then the usable cores
+    assert omp_num_threads({"OMP_NUM_THREADS": "4,2"}) == 4 and omp_num_threads({}) is None
+    with pytest.raises(UserError, match="OMP_NUM_THREADS"):
+        omp_num_threads({"OMP_NUM_THREADS": "lots"})
+
+
+@pytest.mark.parametrize("cpu_max, cap", [("150000 100000", 2), ("50000 100000", 1), ("max 100000", None)])
+def test_usable_cpus_respects_a_cgroup_quota(tmp_path, cpu_max, cap):
+    (tmp_path / "cpu.max").write_text(cpu_max + "\n")
+    affinity = len(__import__("os").sched_getaffinity(0))
+    assert usable_cpus(tmp_path) == (min(affinity, cap) if cap else affinity)
+
+
+def test_cli_sets_torch_threads_once_at_start(capsys):
+    before = torch.get_num_threads()
+    try:
+        assert main(["gpu-profiles", "--train.threads", "2"]) == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    capsys.readouterr()
+
+
+def test_too_little_memory_says_how_much_is_needed(capsys):
+    assert main(["plan", "--gpu", "rtx3050", "--free-memory", "20MiB"]) == 2
+    err = capsys.readouterr().err
+    found = re.search(r"too little for this config: it needs about .* free \(at that, `fitdqn plan --free-memory "
+                      r"(\d+)MiB` shows its plan\)", err)
+    assert found and "replay" in err, err
+    needed = int(found.group(1))
+    assert main(["plan", "--gpu", "rtx3050", "--free-memory", f"{needed}MiB", "--json"]) == 0  # enough
+    capsys.readouterr()
+    assert main(["plan", "--gpu", "rtx3050", "--free-memory", f"{needed - 2}MiB"]) == 2  # and no more than needed
+    assert f"--free-memory {needed}MiB" in capsys.readouterr().err

@@ -1,15 +1,19 @@
 """The `fitdqn` command — the only door for people.
 
-    fitdqn plan       where every byte of GPU memory will go, and the batch size that leaves
-                      (--calibrate: measure the step on this GPU and plan with the measurement)
-    fitdqn profiles   the GPU profiles and where their numbers came from
-    fitdqn profile    measure step time across batch sizes on this GPU and write its profile TOML
-    fitdqn train      plan, allocate, train, evaluate: the whole run, resumable
-    fitdqn evaluate   backtest a run's checkpoint on a split beside buy-and-hold and random
-    fitdqn bench      update, replay and collector throughput on this device (CPU too)
-    fitdqn tune       hyperparameter trials with Optuna, K at once (each planned within its share of the GPU)
+    fitdqn plan          where every byte of GPU memory will go, and the batch size that leaves
+                         (--calibrate: measure the step on this GPU and plan with the measurement)
+    fitdqn gpu-profiles  list the GPU profiles and where their numbers came from (old name: profiles)
+    fitdqn profile       measure step time across batch sizes on this GPU and write its profile TOML
+    fitdqn train         plan, allocate, train, evaluate: the whole run, resumable
+    fitdqn evaluate      backtest a run's checkpoint on a split beside buy-and-hold and random
+    fitdqn bench         update, replay and collector throughput on this device (CPU too)
+    fitdqn tune          hyperparameter trials with Optuna, K at once (each planned within its share of the GPU)
+    fitdqn act           a run's policy on new bars: target position and bracket per bar (CSV/Parquet)
+    fitdqn export        a run's acting network as a torch.export program (.pt2)
 
-Every option is documented in ``fitdqn <command> --help``; every default lives in ``fitdqn.config``.
+``fitdqn <command> --help`` shows the command's common options and the config sections, ``--help-all`` every
+option; every default lives in ``fitdqn.config``. Torch's CPU threads are set once at start
+(:mod:`fitdqn.device.threads`).
 """
 
 from __future__ import annotations
@@ -17,34 +21,67 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections.abc import Callable
 
 from rich.console import Console
 from rich.table import Table
 
+from fitdqn import __version__
 from fitdqn.cli_args import add_config_arguments, config_from_args
 from fitdqn.config import Config
 from fitdqn.device import DeviceInfo, load_profiles, match_profile, parse_size, probe, what_if
 from fitdqn.device.sizes import format_bytes
+from fitdqn.device.threads import set_torch_threads
 from fitdqn.errors import UserError
 from fitdqn.tune.cli import add_parser as add_tune_parser
 
-COMMON_ALIASES = ("budget.batch_size", "market.data", "train.device", "train.seed")
+HELP_WIDTH = 100
+# config options every command's --help shows (the rest: --help-all)
+COMMON_KNOBS = ("budget.batch_size", "market.data", "market.contract", "train.device", "train.seed", "train.threads")
+COMMON_ALIASES = COMMON_KNOBS  # the older name, for commands written against it
+TRAIN_KNOBS = ("train.epochs", "train.minutes", "train.out", "train.replay_ratio", "collect.num_envs", "learn.lr",
+               "learn.risk")
+
+
+def config_for(args: argparse.Namespace, base: Config | None = None) -> Config:
+    """The command's config (:func:`config_from_args`; ``--print-config`` exits there), with torch's CPU threads
+    set for it (``train.threads``)."""
+    config = config_from_args(args, base=base)
+    set_torch_threads(config.train.threads)
+    return config
+
+
+def describe(examples: tuple[str, ...], *paragraphs: str) -> str:
+    """A subcommand's description: its examples first, then its prose (wrapped; kept as written by the formatter)."""
+    lines = ["examples:", *(f"  {example}" for example in examples), ""]
+    for paragraph in paragraphs:
+        lines += [*textwrap.wrap(paragraph, width=HELP_WIDTH), ""]
+    return "\n".join(lines).rstrip()
+
+
+def add_command(commands, name: str, summary: str, examples: tuple[str, ...], *paragraphs: str,
+                aliases: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    return commands.add_parser(name, help=summary, aliases=list(aliases), description=describe(examples, *paragraphs),
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fitdqn",
         description="GPU-native distributional DQN for futures trading that plans every byte of GPU memory "
-        "before it allocates, and picks the batch size last.",
+        "before it allocates, and picks the batch size last. `fitdqn COMMAND --help` for a command's common "
+        "options, `--help-all` for every one.",
     )
+    parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    plan = commands.add_parser(
-        "plan", help="where every byte of GPU memory goes, and the batch size that leaves",
-        description="Probe the device (or describe one you do not have) and print the memory plan. "
-        "Examples: `fitdqn plan`; `fitdqn plan --gpu rtx3050 --free-memory 1.7GiB`; `fitdqn plan --gpu h100 --json`; "
-        "`fitdqn plan --calibrate --batch-size 0` (on a CUDA GPU: measure the real step and plan with it).",
+    plan = add_command(
+        commands, "plan", "where every byte of GPU memory goes, and the batch size that leaves",
+        ("fitdqn plan", "fitdqn plan --gpu rtx3050 --free-memory 1.7GiB", "fitdqn plan --gpu h100 --json",
+         "fitdqn plan --calibrate --batch-size 0   # on a CUDA GPU: measure the real step and plan with it"),
+        "Probe the device (or describe one you do not have) and print the memory plan: every consumer's fixed and "
+        "per-sample bytes, and the batch size that leaves.",
     )
     what_if_group = plan.add_argument_group("what-if device (plan for a GPU you do not have)")
     what_if_group.add_argument("--gpu", metavar="NAME", help="GPU name or profile name, e.g. h100, "
@@ -61,27 +98,33 @@ def build_parser() -> argparse.ArgumentParser:
         "(the traced per-component figures are scaled to sum to the measured slope)")
     calibration.add_argument("--calibrate-batches", metavar="A,B", default="64,256",
                              help="the two batch sizes to measure the step at (default: 64,256)")
-    add_config_arguments(plan, COMMON_ALIASES)
+    add_config_arguments(plan, COMMON_KNOBS)
     plan.set_defaults(run=run_plan)
 
-    profiles = commands.add_parser(
-        "profiles", help="list the GPU profiles and where their numbers came from",
-        description="List shipped GPU profiles (and yours, with --budget.profiles_dir DIR).",
+    profiles = add_command(
+        commands, "gpu-profiles", "list the GPU profiles (tested batch sizes) and where their numbers came from",
+        ("fitdqn gpu-profiles", "fitdqn gpu-profiles --budget.profiles_dir profiles   # yours beside the shipped ones"),
+        "List the GPU profiles: the batch size each card trains fastest at, and where that number came from. "
+        "Lists only; to measure a new profile on this GPU, run `fitdqn profile`. (`fitdqn profiles` is the old "
+        "name of this command.)",
+        aliases=("profiles",),
     )
-    add_config_arguments(profiles, COMMON_ALIASES)
+    add_config_arguments(profiles, ("budget.profiles_dir",))
     profiles.set_defaults(run=run_profiles)
 
-    profile = commands.add_parser(
-        "profile", help="measure step time across batch sizes on this GPU and write its profile",
-        description="On the present CUDA GPU: plan with batch 0 to find the largest batch that fits, then for "
+    profile = add_command(
+        commands, "profile", "measure step time across batch sizes on this GPU and write its profile",
+        ("fitdqn profile", "fitdqn profile --name h200 --out profiles/h200.toml",
+         "fitdqn profile --batches 256,1024,4096 --epochs-per-batch 3"),
+        "Measures; to list the profiles there are, run `fitdqn gpu-profiles`.",
+        "On the present CUDA GPU: plan with batch 0 to find the largest batch that fits, then for "
         "batch sizes = powers of two from budget.min_batch up to it (capped by budget.max_batch) time the graphed "
         "update alone (CUDA events, median of --update-iters replays after warm-up) and full epochs of collect "
         "+ updates (Trainer.run_epoch). The profile's batch is the smallest whose full-epoch training throughput "
         "(samples/s = updates x batch / s) is within 5 % of the best: bigger is not always faster. Writes a "
         "profile TOML with the measurements and where they came from. Unless you give "
-        "--collect.steps_per_epoch, epochs are shortened to 16 env steps. Examples: `fitdqn profile`; "
-        "`fitdqn profile --name h200 --out profiles/h200.toml`; `fitdqn profile --batches 256,1024,4096 "
-        "--epochs-per-batch 3`. Use a written profile with --budget.profiles_dir DIR.",
+        "--collect.steps_per_epoch, epochs are shortened to 16 env steps. Use a written profile with "
+        "--budget.profiles_dir DIR.",
     )
     profile.add_argument("--batches", metavar="A,B,...", help="batch sizes to measure instead of the powers of two")
     profile.add_argument("--epochs-per-batch", type=int, default=2, metavar="N",
@@ -92,39 +135,46 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--out", metavar="FILE.toml", help="where to write the profile "
                          "(default: ./profiles/<name>.toml)")
     profile.add_argument("--json", action="store_true", help="print the measurements as JSON instead of tables")
-    add_config_arguments(profile, COMMON_ALIASES)
+    add_config_arguments(profile, COMMON_KNOBS + ("collect.steps_per_epoch", "budget.profiles_dir"))
     profile.set_defaults(run=run_profile)
 
-    train = commands.add_parser(
-        "train", help="plan, allocate, train and evaluate (the main job)",
-        description="Probe the device, plan every byte, allocate in plan order, check the plan against the "
+    train = add_command(
+        commands, "train", "plan, allocate, train and evaluate (the main job)",
+        ("fitdqn train", "fitdqn train --data synthetic --epochs 10 --out runs/synthetic",
+         "fitdqn train --config examples/synthetic_cpu.toml", "fitdqn train --resume runs/synthetic --epochs 20",
+         "fitdqn train --learn.n-step 5 --no-replay.her --print-config   # check the config, run nothing"),
+        "Probe the device, plan every byte, allocate in plan order, check the plan against the "
         "device, then train epochs of collect + update and backtest on held-out bars. With no options: "
         "a short run on the real S&P 500 daily bars. Writes config.toml, plan.json, metrics.jsonl, "
         "TensorBoard events, checkpoint.pt, report.json/.md and PNG plots into --out.",
     )
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint "
                        "(its config.toml is used; options given here override it)")
-    add_config_arguments(train, COMMON_ALIASES + ("train.epochs", "train.minutes", "train.out"))
+    add_config_arguments(train, COMMON_KNOBS + TRAIN_KNOBS + ("evaluate.seeds", "evaluate.folds"))
     train.set_defaults(run=run_train)
 
     evaluate = commands.add_parser(
         "evaluate", help="backtest a run's checkpoint on a split",
-        description="Re-run the backtest of RUN_DIR's checkpoint on --split beside buy-and-hold and a random "
-        "policy; prints the metrics and writes evaluate_<split>.json into RUN_DIR.",
+        description="Re-run the backtest of RUN_DIR's network (the best by validation, or --network last) on "
+        "--split beside buy-and-hold, the rule baselines and a random policy, with bootstrap intervals on Sharpe; "
+        "prints the verdict and the metrics and writes evaluate_<split>.json into RUN_DIR. On a study (trained "
+        "with --seeds or --folds) every seed and fold is evaluated on its own bars and reported together.",
     )
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train")
     evaluate.add_argument("--split", choices=("train", "validation", "test"), default="test",
                           help="which bars to backtest on (default: test)")
     evaluate.add_argument("--device", default="auto", help="device to evaluate on (default: auto)")
+    evaluate.add_argument("--network", choices=("best", "last"), default="best",
+                          help="best: the network with the best validation Sharpe (best.pt, what the report "
+                          "shows); last: the latest checkpoint's (default: best)")
     evaluate.set_defaults(run=run_evaluate)
 
-    bench = commands.add_parser(
-        "bench", help="update, replay and collector throughput on this device (CPU too)",
-        description="Build the real Trainer for the config on the present device (CUDA or CPU) and time: the "
+    bench = add_command(
+        commands, "bench", "update, replay and collector throughput on this device (CPU too)",
+        ("fitdqn bench", "fitdqn bench --json", "fitdqn bench --collect.num_envs 64 --data synthetic   # on a CPU"),
+        "Build the real Trainer for the config on the present device (CUDA or CPU) and time: the "
         "update at the planned batch (updates/s and samples/s; eager, and CUDA-graphed on a GPU), replay "
-        "sampling + priority update (samples/s), and the collector with the policy in the loop (env steps/s). "
-        "Examples: `fitdqn bench`; `fitdqn bench --json`; on a CPU: `fitdqn bench --collect.num_envs 64 "
-        "--market.data synthetic`.",
+        "sampling + priority update (samples/s), and the collector with the policy in the loop (env steps/s).",
     )
     bench.add_argument("--iters", type=int, default=20, metavar="N",
                        help="most timed iterations of the update and of the replay (default: 20)")
@@ -133,10 +183,57 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seconds", type=float, default=3.0, metavar="S",
                        help="time budget per timed row: stop early once it has passed (default: 3)")
     bench.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    add_config_arguments(bench, COMMON_ALIASES)
+    add_config_arguments(bench, COMMON_KNOBS)
     bench.set_defaults(run=run_bench)
     add_tune_parser(commands)
+    add_deploy_commands(commands)
     return parser
+
+
+def add_deploy_commands(commands) -> None:
+    """``act`` and ``export``: use what a run trained."""
+    act = add_command(
+        commands, "act", "the trained policy's target position and bracket for every bar of new data",
+        ("fitdqn act runs/sp500 --data new_bars.csv",
+         "fitdqn act runs/sp500 --data new_bars.parquet --start 2024-01-02 --out decisions.parquet"),
+        "Run RUN_DIR's trained policy over the bars of --data (CSV or Parquet, the columns `fitdqn train` "
+        "reads) through the same features and the same env as the run's backtests: one row per bar from --start "
+        "(or the end of the features' warm-up: give at least 141 bars of history) to the last bar, with the "
+        "contracts held, the target position to hold after the next open, and the bracket: stop and take-profit "
+        "in ATR(14) multiples and in price (measured from the next bar's open; for the last bar, from its close). "
+        "The agent state is built as in the backtests: episodes of market.episode_length decisions, the "
+        "position liquidated at each episode's end. The last row is the decision to trade at the next open.",
+    )
+    act.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train")
+    act.add_argument("--data", required=True, metavar="FILE", help="bars to act on: a CSV or Parquet file")
+    act.add_argument("--out", metavar="FILE.csv|FILE.parquet",
+                     help="where to write the decisions (default: RUN_DIR/actions.csv)")
+    act.add_argument("--start", metavar="DATE", help="first bar to decide at (earlier bars warm up the features; "
+                     "default: the first bar after the warm-up)")
+    act.add_argument("--goal-unit", type=float, metavar="FLOAT", help="the goal scale shown to the agent "
+                     "(default: from the run's training bars, as in its backtests)")
+    act.add_argument("--device", default="cpu", help="device to run the policy on (default: cpu)")
+    act.set_defaults(run=run_act)
+
+    export = add_command(
+        commands, "export", "export the acting network for deployment (torch.export, .pt2)",
+        ("fitdqn export runs/sp500 --out policy.pt2",
+         "python -c \"import torch; p = torch.export.load('policy.pt2').module(); actions, q = p(obs)\""),
+        "Save RUN_DIR's acting network as a torch.export program: obs [B, W, S] float32 -> (actions [B, 3] "
+        "int64, q [B, 3, n]), greedy on the C51 means (learn.risk = 'cvar': on the IQN CVaR at evenly spaced "
+        "levels), plain PyTorch kernels in fp32; it loads with torch.export.load, without fitdqn. The archive's "
+        "fitdqn.json says how to build obs (feature and agent-state names, window) and how to read the actions "
+        "(target contracts, stop and take-profit ATR multiples). `fitdqn act` does all of that for you.",
+    )
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train")
+    export.add_argument("--out", required=True, metavar="FILE.pt2", help="where to write the program")
+    export.set_defaults(run=run_export)
+
+
+def version_text() -> str:
+    import torch
+
+    return f"fitdqn {__version__} (torch {torch.__version__})"
 
 
 def device_from_args(args: argparse.Namespace, config: Config) -> DeviceInfo:
@@ -156,7 +253,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from fitdqn.budget.build import plan_for_device
     from fitdqn.budget.report import plot_plan, print_plan
 
-    config = config_from_args(args)
+    config = config_for(args)
     if args.calibrate:
         return run_plan_calibrated(args, config)
     device = device_from_args(args, config)
@@ -215,16 +312,20 @@ def run_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fitdqn.train.run import default_run_dir, resume_config, train
+    from fitdqn.train.study import is_study, member_market, run_study
 
     if args.resume:
         run_dir = Path(args.resume)
         base = resume_config(run_dir)
         args.config = None
-        config = config_from_args(args, base=base)
+        config = config_for(args, base=base)
     else:
-        config = config_from_args(args)
+        config = config_for(args)
         run_dir = Path(config.train.out) if config.train.out else default_run_dir()
-    train(config, run_dir, resume=bool(args.resume))
+    if is_study(config):  # --seeds / --folds: several runs under run_dir, one report (continues where it was)
+        run_study(config, run_dir)
+    else:  # a walk-forward member resumes on its own fold's bars
+        train(config, run_dir, resume=bool(args.resume), market=member_market(config, run_dir))
     return 0
 
 
@@ -232,13 +333,18 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fitdqn.train.run import evaluate_run
+    from fitdqn.train.study import STUDY_NAME, evaluate_study
 
-    evaluate_run(Path(args.run_dir), args.split, args.device)
+    run_dir = Path(args.run_dir)
+    if (run_dir / STUDY_NAME).is_file():
+        evaluate_study(run_dir, args.split, args.device, network=args.network)
+    else:
+        evaluate_run(run_dir, args.split, args.device, network=args.network)
     return 0
 
 
 def run_profiles(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+    config = config_for(args)
     profiles = load_profiles(config.budget.profiles_dir or None)
     table = Table(title="GPU profiles", title_justify="left")
     for column in ("name", "batch", "matches device names", "memory", "source", "date"):
@@ -261,13 +367,13 @@ def run_profiles(args: argparse.Namespace) -> int:
 def run_profile(args: argparse.Namespace) -> int:
     from fitdqn.train.profile import run_profile_command
 
-    return run_profile_command(args, config_from_args(args))
+    return run_profile_command(args, config_for(args))
 
 
 def run_bench(args: argparse.Namespace) -> int:
     from fitdqn.train.bench import print_bench, run_bench_command
 
-    result = run_bench_command(config_from_args(args), iters=args.iters, collect_steps=args.collect_steps,
+    result = run_bench_command(config_for(args), iters=args.iters, collect_steps=args.collect_steps,
                                seconds=args.seconds)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -276,8 +382,48 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_act(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fitdqn.deploy import act_run, load_run_policy, write_actions
+    from fitdqn.device.probe import resolve_device
+
+    policy = load_run_policy(args.run_dir, resolve_device(args.device))
+    out = Path(args.out) if args.out else Path(args.run_dir) / "actions.csv"
+    if out.suffix.lower() not in (".csv", ".parquet", ".pq"):
+        raise UserError(f"--out {out}: write the decisions to a .csv or .parquet file")
+    goal_unit = policy.goal_unit() if args.goal_unit is None else args.goal_unit
+    frame = act_run(policy, args.data, start=args.start, goal_unit=goal_unit)
+    write_actions(frame, out)
+    print(f"{len(frame)} decisions, {frame['timestamp'].iloc[0]} to {frame['timestamp'].iloc[-1]}, of the policy in "
+          f"{args.run_dir} (checkpoint epoch {policy.epoch}, contract {policy.contract.name}, goal unit "
+          f"{goal_unit:.6g}) written to {out}")
+    print(f"latest, to trade at the next open: {decision_text(frame.iloc[-1])}")
+    return 0
+
+
+def decision_text(row) -> str:
+    """One decision row in words: target and bracket."""
+    parts = [f"bar {row['timestamp']}: hold {row['target']:+g} contracts (now {row['held']:+g})"]
+    if row["target"] != 0:
+        for name, k, price in (("stop", row["stop_atr"], row["stop_price"]),
+                               ("take-profit", row["take_profit_atr"], row["take_profit_price"])):
+            parts.append(f"{name} {k:g} x ATR = {price:g}" if k > 0 else f"no {name}")
+    return ", ".join(parts)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from fitdqn.deploy import export_policy, load_run_policy
+
+    out = export_policy(load_run_policy(args.run_dir, "cpu"), args.out)
+    print(f"acting network of {args.run_dir} exported to {out} (torch.export.load('{out}').module()(obs) -> "
+          "actions, q)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    set_torch_threads(0)  # auto (OMP_NUM_THREADS, else the usable cores); train.threads re-sets it in config_for
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for provenance (fitdqn profile writes it)
     run: Callable[[argparse.Namespace], int] = args.run
     try:

@@ -1,14 +1,20 @@
 """Config fields as command-line options: every field of :class:`fitdqn.config.Config` becomes
-``--section.key`` with its help text; a few common ones get short aliases (``--batch-size``)."""
+``--section.key`` with its help text; a few common ones get short aliases (``--batch-size``).
+
+Habits: ``--learn.n-step 3`` is ``--learn.n_step 3``; a boolean is ``--replay.her`` / ``--no-replay.her`` or
+``--replay.her false``; ``--print-config`` prints the resolved config as TOML and exits. ``--help`` lists the
+command's own options and its common config options, then the config sections; ``--help-all`` every option.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import textwrap
 import typing
 from typing import Any
 
-from fitdqn.config import Config, field_types, load_config, section_types, with_overrides
+from fitdqn.config import Config, dump_config, field_types, load_config, section_types, with_overrides
 
 DEST_PREFIX = "cfg:"
 ALIASES: dict[str, str] = {
@@ -19,7 +25,10 @@ ALIASES: dict[str, str] = {
     "train.minutes": "--minutes",
     "train.seed": "--seed",
     "train.out": "--out",
+    "evaluate.seeds": "--seeds",
+    "evaluate.folds": "--folds",
 }
+FULL_HELP = "_fitdqn_full_help"  # attribute of an action whose help shows only under --help-all
 
 
 def metavar_for(annotation: Any) -> str:
@@ -28,35 +37,106 @@ def metavar_for(annotation: Any) -> str:
     return {int: "INT", float: "FLOAT", str: "TEXT", bool: "BOOL"}.get(annotation, "VALUE")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, aliases: tuple[str, ...] = ()) -> None:
-    """``--config FILE`` plus one option per config field (grouped by section)."""
-    parser.add_argument("--config", metavar="FILE.toml", help="TOML config file (CLI options override it)")
+class HelpAll(argparse.Action):
+    """``--help-all``: the help with every config option, then exit."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for action in parser._actions:
+            if hasattr(action, FULL_HELP):
+                action.help = getattr(action, FULL_HELP)
+        parser.epilog = None
+        parser.print_help()
+        parser.exit()
+
+
+class PrintConfig(argparse.Action):
+    """``--print-config``: noted here, acted on by :func:`config_from_args` once the config is resolved."""
+
+    def __init__(self, option_strings, dest, default=False, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, True)
+
+
+def hyphenated(flag: str) -> str | None:
+    """``--learn.n_step`` -> ``--learn.n-step`` (None when there is no underscore)."""
+    return flag.replace("_", "-") if "_" in flag else None
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, common: tuple[str, ...] = ()) -> None:
+    """``--config FILE``, ``--print-config``, ``--help-all`` and one option per config field, grouped by section.
+
+    ``common`` (dotted names) are shown by ``--help`` (with their short alias from :data:`ALIASES`, if any);
+    the other fields only by ``--help-all``. Every field is accepted either way."""
+    prog = parser.prog
+    if not any(action.option_strings == [] for action in parser._actions):
+        parser.usage = "%(prog)s [options]"  # one usage line, not the hundred options (they are listed below)
+    group = parser.add_argument_group("config files")
+    group.add_argument("--config", metavar="FILE.toml", help="TOML config file (options given here override it)")
+    group.add_argument("--print-config", action=PrintConfig, dest="print_config",
+                       help="print the resolved config (defaults < --config < options) as TOML and exit")
+    group.add_argument("--help-all", action=HelpAll, help="show every config option, by section, and exit")
     defaults = Config()
+    sections = []
     for section_name, section_type in section_types().items():
-        group = parser.add_argument_group(
-            f"[{section_name}] {section_type.__doc__.splitlines()[0] if section_type.__doc__ else ''}"
-        )
+        title = section_type.__doc__.splitlines()[0].rstrip(".") if section_type.__doc__ else ""
+        group = parser.add_argument_group(f"[{section_name}] {title}")
         section_default = getattr(defaults, section_name)
         help_of = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(section_type)}
+        hidden = 0
         for key, annotation in field_types(section_type).items():
             dotted = f"{section_name}.{key}"
+            dest = DEST_PREFIX + dotted
             flags = [f"--{dotted}"]
-            if dotted in aliases and dotted in ALIASES:
+            if dotted in common and dotted in ALIASES:
                 flags.insert(0, ALIASES[dotted])
             default = getattr(section_default, key)
-            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-            group.add_argument(
-                *flags, dest=DEST_PREFIX + dotted, default=argparse.SUPPRESS, metavar=metavar_for(annotation),
-                help=f"{help_of[key]} (default: {shown})".replace("%", "%%"),
-            )
+            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default if default != "" else "''"
+            text = f"{help_of[key]} (default: {shown}"
+            if annotation is bool:
+                text += f"; --no-{dotted} sets it false"
+            text = (text + ")").replace("%", "%%")
+            options = dict(dest=dest, default=argparse.SUPPRESS, metavar=metavar_for(annotation))
+            if annotation is bool:  # --flag, --flag true|false, --no-flag
+                options.update(nargs="?", const="true")
+            action = group.add_argument(*flags, help=text if dotted in common else argparse.SUPPRESS, **options)
+            setattr(action, FULL_HELP, text)
+            hidden += dotted not in common
+            spelled = [hyphenated(flag) for flag in flags if hyphenated(flag)]
+            if spelled:
+                group.add_argument(*spelled, help=argparse.SUPPRESS, **options)
+            if annotation is bool:
+                negated = [f"--no-{dotted}"] + ([f"--no-{dotted.replace('_', '-')}"] if "_" in dotted else [])
+                group.add_argument(*negated, dest=dest, action="store_const", const="false",
+                                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        sections.append((f"[{section_name}]", title, len(help_of), hidden))
+    width = max(len(name) for name, *_ in sections)
+    lines = [f"  {name:<{width}}  {count:>2} options ({count - hidden} above)  {title}"
+             for name, title, count, hidden in sections]
+    parser.epilog = "\n".join([
+        *textwrap.wrap(f"config sections: each field is an option --section.key VALUE (--learn.n-step = "
+                       f"--learn.n_step; booleans: --replay.her, --no-replay.her, --replay.her false) and a TOML "
+                       f"key; `{prog} --help-all` lists every one.", width=100, break_on_hyphens=False),
+        *lines,
+    ])
 
 
 def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Config:
-    """``base`` (defaults), then ``--config FILE``, then the options given on the command line."""
+    """``base`` (defaults), then ``--config FILE``, then the options given on the command line.
+
+    With ``--print-config`` the result is printed as TOML and the command exits (status 0)."""
     config = base or Config()
     if getattr(args, "config", None):
         config = load_config(args.config, base=config)
     overrides = {
         dest[len(DEST_PREFIX):]: value for dest, value in vars(args).items() if dest.startswith(DEST_PREFIX)
     }
-    return with_overrides(config, overrides) if overrides else config
+    config = with_overrides(config, overrides) if overrides else config
+    if getattr(args, "print_config", False):
+        print(dump_config(config), end="")
+        raise SystemExit(0)
+    return config

@@ -170,6 +170,9 @@ class TrainConfig:
                                "(the run's total is exact at any batch)")
     min_updates: int = knob(200, "a run planned to make fewer updates than this is reported as too short")
     cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
+    threads: int = knob(
+        0, "CPU threads for torch; 0 = auto: OMP_NUM_THREADS if set, else the cores this process may use "
+        "(CPU affinity, capped by a container's CPU quota)")
     eval_every: int = knob(5, "epochs between validation backtests")
     checkpoint_every: int = knob(5, "epochs between checkpoints")
     eval_seeds: int = knob(3, "seeds for the random-policy baseline in evaluation")
@@ -178,6 +181,46 @@ class TrainConfig:
         "at the split's first price (no leverage at full size)"
     )
     out: str = knob("", "run directory; empty = runs/<date>-<time>; an existing run is only continued by --resume")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """Evaluation: batched backtests, rule baselines, bootstrap intervals, walk-forward folds, seeds."""
+
+    segments: int = knob(
+        1024, "most contiguous segments of whole episodes a backtest steps in parallel (one network forward per "
+        "step for all); 1 = one env bar by bar (the same result, slower)")
+    folds: int = knob(
+        1, "1: train/validation/test by market.*_fraction; K >= 2: walk-forward: the bars after "
+        "market.train_fraction are K test blocks, each fold validates on the market.validation_fraction of bars "
+        "before its block and trains on everything earlier (one network per fold)")
+    purge_bars: int = knob(
+        -1, "bars left out between a fold's train, validation and test ranges; -1 = auto: 1 % of the bars, at "
+        "least learn.n_step")
+    seeds: int = knob(1, "training seeds (train.seed, +1, ...), each its own run directory; reported together")
+    bootstrap_samples: int = knob(2000, "stationary block bootstrap resamples for Sharpe confidence intervals")
+    block_length: float = knob(0.0, "mean bootstrap block length in bars; 0 = auto: n^(1/3)")
+    confidence: float = knob(0.95, "confidence level of the intervals")
+    bootstrap_seed: int = knob(0, "seed of the bootstrap resampling")
+    ma_fast: int = knob(50, "fast moving average of the MA crossover baseline (bars)")
+    ma_slow: int = knob(200, "slow moving average of the MA crossover baseline (bars)")
+    momentum_years: float = knob(1.0, "lookback of the time-series momentum baseline, in years of bars")
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.segments >= 1, "evaluate.segments must be at least 1"),
+            (self.folds >= 1, "evaluate.folds must be at least 1 (1 = no walk-forward)"),
+            (self.purge_bars >= -1, "evaluate.purge_bars must be -1 (auto) or >= 0"),
+            (self.seeds >= 1, "evaluate.seeds must be at least 1"),
+            (self.bootstrap_samples >= 100, "evaluate.bootstrap_samples must be at least 100"),
+            (self.block_length >= 0, "evaluate.block_length must be >= 0 (0 = auto)"),
+            (0.5 <= self.confidence < 1.0, "evaluate.confidence must be in [0.5, 1)"),
+            (0 < self.ma_fast < self.ma_slow, "evaluate.ma_fast must be positive and below evaluate.ma_slow"),
+            (self.momentum_years > 0, "evaluate.momentum_years must be positive"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
 
 
 @dataclass(frozen=True)
@@ -215,6 +258,7 @@ class Config:
     collect: CollectConfig = field(default_factory=CollectConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
 
 
@@ -385,6 +429,7 @@ def validate(config: Config) -> None:
         (config.train.capital >= 0, "train.capital must be positive (or 0 for auto)"),
         (config.collect.num_envs >= 0, "collect.num_envs must be positive (or 0 for auto)"),
         (config.collect.steps_per_epoch >= 0, "collect.steps_per_epoch must be positive (or 0 for auto)"),
+        (config.train.threads >= 0, "train.threads must be positive (or 0 for auto)"),
         (0.0 <= r.alpha <= 1.0, "replay.alpha must be in [0, 1]"),
         (n.d_model % n.attention_heads == 0, "net.d_model must be divisible by net.attention_heads"),
         (n.v_min < n.v_max, "net.v_min must be below net.v_max"),

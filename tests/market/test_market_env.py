@@ -1,5 +1,5 @@
 """The vectorised env: fills, costs, stops and take-profits against hand-worked bars; buy-and-hold; episodes,
-auto-reset, goals, determinism, the transition contract, no host sync; backtests; the synthetic edge."""
+auto-reset, goals, determinism, the transition contract, no host sync."""
 
 from __future__ import annotations
 
@@ -22,12 +22,10 @@ from fitdqn.market.env import (
     TERMINAL,
     FuturesEnv,
     env_state_bytes,
-    evaluate_policy,
     position_levels,
-    run_backtest,
     transition_spec,
 )
-from fitdqn.market.features import FEATURE_NAMES, NUM_FEATURES, WARMUP
+from fitdqn.market.features import NUM_FEATURES, WARMUP
 from fitdqn.market.loader import load_market, market_bytes
 from fitdqn.market.observation import build_observation
 from fitdqn.replay.spec import check_rows
@@ -191,54 +189,6 @@ def test_episode_reward_of_holding_one_contract_is_buy_and_hold_minus_costs(sp50
     es = market.contract
     expected = ((p[start + L, 3] - p[start + 1, 0]) * es.multiplier - 2 * es.cost_per_side) * 1e-3
     torch.testing.assert_close(total, expected, rtol=1e-4, atol=1e-4)
-
-
-def test_buy_and_hold_backtest_over_a_whole_split(sp500_market):
-    market = sp500_market
-    split = market.splits["test"]
-    env = FuturesEnv.from_market(market, "test", episode_length=len(split), sequential=True)
-    (bt,) = run_backtest(env, lambda obs: torch.tensor([[LONG1, 0, 0]]), split="test")
-    assert len(bt) == split.stop - 1 - split.start and bt.decision_bar[0] == split.start
-    p = market.prices.double().numpy()
-    es = market.contract
-    expected = (p[split.stop - 1, 3] - p[split.start + 1, 0]) * es.multiplier - 2 * es.cost_per_side
-    assert bt.equity[-1] == pytest.approx(expected, rel=1e-5)
-    assert bt.buy_and_hold[-1] == pytest.approx(expected, rel=1e-9)
-    np.testing.assert_allclose(bt.equity[1:-1], bt.buy_and_hold[1:-1], rtol=1e-4, atol=1.0)
-    assert (bt.position == 1).all() and bt.exit[-1] == EXIT_EPISODE_END and bt.traded.sum() == 2
-
-
-def test_evaluate_policy_runs_consecutive_training_length_episodes(sp500_market):
-    market = sp500_market
-    bt = evaluate_policy(lambda obs: torch.tensor([[FLAT, 0, 0]]), market, "validation", episode_length=100)
-    split = market.splits["validation"]
-    assert len(bt) == len(split) - 1 and (bt.pnl == 0).all() and bt.equity[-1] == 0
-    assert list(bt.decision_bar[:2]) == [split.start, split.start + 1]
-    assert bt.timestamp[0] == market.bars["timestamp"].iloc[split.start + 1]
-    frame = bt.to_frame()
-    assert len(frame) == len(bt) and {"equity", "buy_and_hold", "position", "exit"} <= set(frame.columns)
-
-
-def test_synthetic_edge_is_learnable_and_absent_without_signal():
-    """The planted component: following the last bar's direction (a policy reading the ret_1 feature of the
-    observation) earns a test Sharpe >= 1 after costs; with synthetic_signal = 0 it does not."""
-    column = FEATURE_NAMES.index("ret_1")
-
-    def follow(obs):
-        z = obs[:, -1, column]
-        target = torch.where(z > 0, LONG1, torch.where(z < 0, SHORT1, FLAT))
-        return torch.stack([target, torch.zeros_like(target), torch.zeros_like(target)], dim=1)
-
-    def sharpe(signal, seed):
-        config = with_overrides(
-            Config(), {"market.data": "synthetic", "market.synthetic_signal": signal, "market.seed": seed}
-        )
-        pnl = evaluate_policy(follow, load_market(config.market, window=8), "test").pnl
-        return pnl.mean() / pnl.std() * np.sqrt(252)
-
-    for seed in (0, 1):
-        assert sharpe(0.3, seed) > 1.0
-    assert abs(sharpe(0.0, 0)) < 1.0
 
 
 # ---------------------------------------------------------------------------------------------- episodes

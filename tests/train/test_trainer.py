@@ -114,8 +114,8 @@ def test_the_run_makes_exactly_the_budgeted_updates(small_config, tmp_path):
     assert report["updates"] == trainer.schedule.updates == 24
     assert report["samples"] == 24 * 64 and report["env_steps"] == 4 * 256
     assert [r["updates"] for r in trainer.history] == [6, 6, 6, 6]
-    text = (tmp_path / "run" / "report.md").read_text()
-    assert "1,024 env steps, 1,536 samples" in text
+    saved = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert saved["schedule"]["updates"] == 24 and saved["reward"].startswith("vol x ")
 
 
 def test_batch_size_moves_updates_not_samples(small_config, tmp_path):

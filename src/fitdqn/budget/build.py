@@ -21,6 +21,7 @@ replay.update_priorities``, on fake tensors (``fitdqn.budget.trace``), at two ba
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -35,7 +36,7 @@ from fitdqn.budget.allocator_model import (
 )
 from fitdqn.budget.component import Component
 from fitdqn.budget.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
-from fitdqn.budget.planner import Plan, make_plan
+from fitdqn.budget.planner import InfeasiblePlan, Plan, make_plan
 from fitdqn.budget.trace import (
     StepSetup,
     StepTrace,
@@ -46,12 +47,13 @@ from fitdqn.budget.trace import (
 from fitdqn.config import Config, config_to_dict, for_device
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile
+from fitdqn.device.sizes import format_bytes
 from fitdqn.market.env import GOAL_COLUMN, NUM_AGENT_FIELDS, env_state_bytes, transition_spec
 from fitdqn.market.features import NUM_FEATURES
 from fitdqn.market.observation import build_observation
 from fitdqn.nets.groups import MEMORY_GROUPS, parameter_groups
 from fitdqn.nets.kernels import resolve_kernels
-from fitdqn.replay.components import her_component, replay_component, replay_sample_bytes
+from fitdqn.replay.components import ReplayTooSmall, her_component, replay_component, replay_sample_bytes
 
 TRACE_BATCHES = (512, 1024)
 # The graph pool's fragmentation is not linear below a few thousand samples (at 512-1024 many per-sample
@@ -320,11 +322,59 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
     budget = config.budget
     wanted = budget.batch_size if budget.batch_size > 0 else profile.batch_size if budget.batch_size == -1 else 0
     anchor = wanted if wanted > max(GRAPH_POOL_BATCHES) and device.free_bytes is not None else None
-    components, capacity = build_components(config, device, inputs, anchor)
-    plan = make_plan(device, profile, budget, components, capacity)
+    components = None
+    try:
+        components, capacity = build_components(config, device, inputs, anchor)
+        plan = make_plan(device, profile, budget, components, capacity)
+    except (InfeasiblePlan, ReplayTooSmall) as error:  # say what would be enough, not only what is short
+        if components is None and device.free_bytes is not None:  # the replay failed before the step was traced
+            components, _ = build_components(config, dataclasses.replace(device, free_bytes=None), inputs, anchor)
+        needed = least_free_bytes(config, device, profile, components) if components is not None else None
+        if needed is None:
+            raise
+        raise InfeasiblePlan(
+            f"{format_bytes(device.free_bytes)} free on {device.name} is too little for this config: it needs about "
+            f"{format_bytes(needed)} free (at that, `fitdqn plan --free-memory {math.ceil(needed / 2**20)}MiB` "
+            f"shows its plan). {error}"
+        ) from None
     if plan.batch_source == "auto" and plan.batch_size > max(GRAPH_POOL_BATCHES) and device.free_bytes is not None:
         plan = refine_auto_batch(config, device, inputs, profile, plan)
     return plan
+
+
+LEAST_FREE_RESOLUTION = 2**20  # bytes: how close least_free_bytes gets
+LEAST_FREE_LIMIT = 2**40  # bytes: least_free_bytes gives up beyond this
+
+
+def least_free_bytes(config: Config, device: DeviceInfo, profile, components: list[Component]) -> int | None:
+    """The least free memory (to ``LEAST_FREE_RESOLUTION``) at which this config's plan succeeds on ``device``;
+    None if the device's memory is unknown or not even ``LEAST_FREE_LIMIT`` would do. ``components``: the plan's
+    (``build_components``); the step's do not depend on the free memory, so each trial of the bisection only sizes
+    the replay for its free memory (it grows with it, up to replay.capacity) and re-plans."""
+    if device.free_bytes is None:
+        return None
+    cuda_own = sum(c.fixed_bytes for c in device_overhead_components(config, device))
+    spec, num_envs = transition_spec(), config.collect.num_envs
+
+    def fits(free: int) -> bool:
+        trial = dataclasses.replace(device, free_bytes=free, total_bytes=max(device.total_bytes or 0, free))
+        try:
+            replay, capacity = replay_component(config, spec, max(free - cuda_own, 0), num_envs)
+            sized = [replay if c.name == "replay" else c for c in components]
+            make_plan(trial, profile, config.budget, sized, capacity)
+        except (InfeasiblePlan, ReplayTooSmall):
+            return False
+        return True
+
+    low, high = device.free_bytes, max(2 * device.free_bytes, 2**30)
+    while not fits(high):
+        low, high = high, 2 * high
+        if high > LEAST_FREE_LIMIT:
+            return None
+    while high - low > LEAST_FREE_RESOLUTION:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high
 
 
 AUTO_REFINE_ROUNDS = 5

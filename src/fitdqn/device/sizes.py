@@ -1,4 +1,4 @@
-"""Byte sizes as people write them: ``1.7GiB``, ``4GB``, ``512MiB``, ``123456``."""
+"""Byte sizes as people write them: ``1.7GiB``, ``4GB``, ``512MiB``, ``123456B``: always with a unit."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from fitdqn.errors import UserError
 
 UNITS = {
-    "": 1, "b": 1,
+    "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
@@ -16,11 +16,17 @@ SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: str | int) -> int:
-    """``'1.7GiB'`` -> 1825361100; decimal (GB) and binary (GiB) units; a bare number is bytes."""
+    """``'1.7GiB'`` -> 1825361100; decimal (GB) and binary (GiB) units, ``B`` for bytes. A string without a unit
+    is refused (``1.7`` is far more likely meant as GiB than as 1.7 bytes); an ``int`` is already a byte count."""
     if isinstance(text, int):
         return text
     match = SIZE_PATTERN.match(str(text))
     unit = match.group(2).lower() if match else None
+    if unit == "":
+        raise UserError(
+            f"the size {text!r} has no unit: give a unit (GiB, MB, ...), e.g. {match.group(1)}GiB, "
+            f"{match.group(1)}GB, or {match.group(1)}B for bytes"
+        )
     if match is None or unit not in UNITS:
         raise UserError(
             f"cannot read the size {text!r}: write a number and a unit, e.g. 1.7GiB, 4GB, 512MiB"

@@ -9,12 +9,22 @@ from __future__ import annotations
 import torch
 
 from fitdqn.budget.component import Component, tensor_bytes
+from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 from fitdqn.replay.buffer import ReplayBuffer
 from fitdqn.replay.spec import TransitionSpec, bytes_per_transition
 
 DEFAULT_FANOUT = 64
 _I64, _F64, _F32, _BOOL, _U8 = torch.int64, torch.float64, torch.float32, torch.bool, torch.uint8
+
+
+class ReplayTooSmall(UserError):
+    """The replay's share of the free memory cannot hold its smallest buffer; ``needed_bytes``: the free memory
+    (beyond CUDA's own) whose share would."""
+
+    def __init__(self, message: str, needed_bytes: int) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
 
 
 def _rows_bytes(rows: list[tuple[tuple[int, ...], torch.dtype]]) -> int:
@@ -70,6 +80,19 @@ def plan_capacity(config, spec: TransitionSpec, free_bytes: int, num_envs: int,
             high = mid - 1
     capacity = low * num_envs
     smallest = max(config.learn.n_step * num_envs, config.replay.min_fill)
+    fraction = config.budget.replay_buffer_vram_fraction
+    if capacity < smallest <= config.replay.capacity and fraction > 0:  # the memory is short, not replay.capacity
+        rounded = -(-smallest // num_envs) * num_envs
+        smallest_bytes = replay_fixed_bytes(config, spec, rounded, num_envs, fanout)
+        needed = int(smallest_bytes / fraction) + 1  # fraction in (0, 1): config.validate
+        raise ReplayTooSmall(
+            f"the replay's smallest buffer ({rounded} transitions: max(learn.n_step x collect.num_envs, "
+            f"replay.min_fill) = {smallest}, a multiple of {num_envs} envs) takes {format_bytes(smallest_bytes)}, "
+            f"budget.replay_buffer_vram_fraction = {fraction:g} of the free memory, so it needs "
+            f"{format_bytes(needed)} free where there is {format_bytes(free_bytes)}; give a device with more free "
+            "memory, or lower collect.num_envs or replay.min_fill",
+            needed,
+        )
     if capacity < smallest:
         raise UserError(
             f"replay: capacity {capacity} (the smaller of replay.capacity={config.replay.capacity} and what "

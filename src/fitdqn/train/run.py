@@ -6,7 +6,8 @@ Run directory::
     plan.json        the memory plan, plus what the device reported after allocating
     metrics.jsonl    one line per epoch / evaluation; tensorboard/ holds the same scalars
     checkpoint.pt    the latest checkpoint (atomic write; loads with weights_only=True)
-    report.json, report.md, equity_test.png, learning_curves.png, vram.png
+    best.pt          the network with the best validation Sharpe so far (the one reported; atomic)
+    report.json, report.md, test_pnl.csv, equity_test.png, learning_curves.png, vram.png
 """
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ from fitdqn.config import Config, load_config
 from fitdqn.device.probe import probe
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
-from fitdqn.train.checkpoint import atomic_write_text
-from fitdqn.train.evaluate import evaluate_split
+from fitdqn.evaluate.compare import evaluate_split, time_text
+from fitdqn.evaluate.plots import plot_equity, plot_learning_curves
+from fitdqn.evaluate.report import TABLE_WIDTH, policy_label, run_markdown, split_verdict
+from fitdqn.market.loader import Market
+from fitdqn.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
 from fitdqn.train.logs import RunLogger, read_jsonl
 from fitdqn.train.memory_check import format_rows, peak_memory_row
 from fitdqn.train.oom import OomGuard
-from fitdqn.train.plots import plot_equity, plot_learning_curves
 from fitdqn.train.trainer import CHECKPOINT_NAME, Trainer, write_run_config
+
+BEST_NAME = "best.pt"
 
 
 def default_run_dir() -> Path:
@@ -46,10 +51,12 @@ def resume_config(run_dir: Path) -> Config:
 
 
 def train(config: Config, run_dir: Path, resume: bool = False, console: Console | None = None,
-          trainer_hook=None, on_epoch=None) -> dict[str, Any]:
+          trainer_hook=None, on_epoch=None, market: Market | None = None) -> dict[str, Any]:
     """Train (or resume) a run in ``run_dir``; returns the report. ``on_epoch(record) -> bool`` sees each epoch's
-    record after it is logged; True ends the run there (saved and reported as if its epochs were done)."""
+    record after it is logged; True ends the run there (saved and reported as if its epochs were done).
+    ``market``: bars already loaded (a walk-forward fold's splits), else loaded from ``config.market``."""
     console = console or Console()
+    console.print(f"run directory: {run_dir}", highlight=False, markup=False, soft_wrap=True)
     if resume and not (run_dir / CHECKPOINT_NAME).is_file():
         raise UserError(f"cannot resume: no {CHECKPOINT_NAME} in '{run_dir}'; start a new run without --resume")
     if not resume and (run_dir / CHECKPOINT_NAME).exists():
@@ -57,7 +64,7 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
                         f"{run_dir}, or give another --out")
     run_dir.mkdir(parents=True, exist_ok=True)
     device_info = probe(config.train.device)
-    trainer = Trainer(config, device_info)
+    trainer = Trainer(config, device_info, market=market)
     print_plan(trainer.plan, console, trainer.schedule, trainer.reward_info)
     if resume:
         trainer.restore(run_dir)
@@ -85,10 +92,11 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
                 stats = guard.run_epoch()
                 record = {"epoch": stats.epoch, "updates": stats.updates, "seconds": stats.seconds, **stats.values}
                 if stats.epoch % config.train.eval_every == 0 or stats.epoch == config.train.epochs:
-                    validation, _ = evaluate_split(trainer.learner, trainer.market_on_device, config, "validation",
-                                                   seeds=0)
+                    validation = evaluate_split(trainer.learner, trainer.market_on_device, config, "validation",
+                                                baselines=False, progress=progress).results
                     record["validation_sharpe"] = validation["agent"]["sharpe"]
                     record["validation_return"] = validation["agent"]["total_return"]
+                    keep_best(trainer, run_dir, record)
                 trainer.history.append(record)
                 logger.log(stats.epoch, "epoch", record)
                 progress.update(task, completed=stats.epoch, status=status_line(record))
@@ -139,92 +147,140 @@ def status_line(record: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str, Any]:
-    """Test and validation backtests beside the baselines; report.json, report.md and plots."""
+def keep_best(trainer: Trainer, run_dir: Path, record: dict[str, Any]) -> None:
+    """Write best.pt (atomically) when ``record``'s validation Sharpe beats every earlier one in the history
+    (the history is part of the checkpoint, so a resumed run keeps the same best)."""
+    score = record.get("validation_sharpe")
+    earlier = [r.get("validation_sharpe") for r in trainer.history if "validation_sharpe" in r]
+    if score is not None and all(e is None or score > e for e in earlier):
+        save_checkpoint(run_dir / BEST_NAME, {"epoch": record["epoch"], "validation_sharpe": score,
+                                              "online": trainer.learner.online.state_dict()})
+
+
+def select_network(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
+    """Load the network the report is about into ``trainer.learner``: best.pt when its validation Sharpe beats
+    the final network's, else the final network (then written as best.pt). Chosen on validation only."""
     config = trainer.config
-    report: dict[str, Any] = {"epochs": trainer.epoch, "updates": trainer.updates_done,
-                              "env_steps": trainer.env_steps_done, "samples": trainer.samples_done,
-                              "schedule": trainer.schedule.to_json(), "reward": trainer.reward_info.describe(),
-                              "batch_size": trainer.batch_size, "batch_source": trainer.plan.batch_source,
-                              "device": trainer.device_info.name}
-    curves, times = {}, None
+    candidates = [(r["epoch"], r.get("validation_sharpe")) for r in trainer.history if "validation_sharpe" in r]
+    if not candidates or candidates[-1][0] != trainer.epoch:  # the final network was not validated yet
+        final = evaluate_split(trainer.learner, trainer.market_on_device, config, "validation", baselines=False)
+        candidates.append((trainer.epoch, final.results["agent"]["sharpe"]))
+    final_score = candidates[-1][1]
+    best = load_checkpoint(run_dir / BEST_NAME, map_location=trainer.device) if (run_dir / BEST_NAME).is_file() \
+        else None
+    if best is not None and best["validation_sharpe"] is not None and (  # a tie keeps the earlier network
+            final_score is None or best["validation_sharpe"] >= final_score):
+        trainer.learner.online.load_state_dict(best["online"])
+        epoch, score = int(best["epoch"]), float(best["validation_sharpe"])
+    else:
+        save_checkpoint(run_dir / BEST_NAME, {"epoch": trainer.epoch, "validation_sharpe": final_score,
+                                              "online": trainer.learner.online.state_dict()})
+        epoch, score = trainer.epoch, final_score
+    scored = [s for _, s in candidates if s is not None]
+    reason = (f"the highest validation Sharpe ({score:.2f}) of {len(candidates)} validation backtest(s)"
+              if score is not None and len(scored) > 1 else
+              "the final network (no validation backtest had a Sharpe to compare)" if score is None else
+              f"the only validated network (validation Sharpe {score:.2f})")
+    return {"epoch": epoch, "epochs": trainer.epoch, "validation_sharpe": score, "reason": reason,
+            "candidates": candidates}
+
+
+def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str, Any]:
+    """Choose the network on validation (:func:`select_network`; the trainer holds it afterwards), backtest it
+    on validation and test beside the baselines; report.json, report.md, test_pnl.csv and plots."""
+    config = trainer.config
+    market = trainer.market_on_device
+    selection = select_network(trainer, run_dir)
+    bars = market.bars["timestamp"]
+    report: dict[str, Any] = {
+        "run_dir": str(run_dir), "data": config.market.data, "bars": market.num_bars,
+        "first_time": time_text(bars.iloc[0]), "last_time": time_text(bars.iloc[-1]),
+        "train_bars": [time_text(bars.iloc[market.first_bar("train", config.net.window)]),
+                       time_text(bars.iloc[market.splits["train"].stop - 1])],
+        "contract": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(market.contract).items()},
+        "epochs": trainer.epoch, "updates": trainer.updates_done, "batch_size": trainer.batch_size,
+        "env_steps": trainer.env_steps_done, "samples": trainer.samples_done,
+        "schedule": trainer.schedule.to_json(), "reward": trainer.reward_info.describe(),
+        "batch_source": trainer.plan.batch_source, "device": trainer.device_info.name,
+        "planned_memory": f"{format_bytes(trainer.plan.planned_bytes)} of "
+                          f"{format_bytes(trainer.plan.device.free_bytes or 0)} free",
+        "selection": selection,
+    }
+    fold = run_dir / "fold.json"  # a walk-forward member (fitdqn.train.study)
+    if fold.is_file():
+        report["fold"] = json.loads(fold.read_text())
+    results = {}
     for split in ("validation", "test"):
-        results, backtest = evaluate_split(trainer.learner, trainer.market_on_device, config, split)
-        report[split] = results
-        if split == "test":
-            capital = results["capital"]
-            curves = {"agent": capital + backtest.equity, "buy and hold": capital + backtest.buy_and_hold}
-            times = backtest.timestamp
-    plot_equity(curves, run_dir / "equity_test.png", f"test split: {config.market.data}", times)
-    plot_learning_curves(
-        [{"step": r["step"], **r} for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"],
-        run_dir / "learning_curves.png",
-    )
+        results[split] = evaluate_split(trainer.learner, market, config, split, progress=console)
+        report[split] = results[split].results
+    report["verdict"] = split_verdict(report["test"], config)
+    test = results["test"]
+    curves = {policy_label(k, config): v for k, v in test.equity_curves().items()}
+    plot_equity(curves, run_dir / "equity_test.png", f"test split: {config.market.data} "
+                f"({test.results['currency']}, capital {test.results['capital']:,.0f})", test.agent.timestamp)
+    plot_learning_curves([r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"],
+                         run_dir / "learning_curves.png", chosen_epoch=selection["epoch"])
+    atomic_write_text(run_dir / "test_pnl.csv", test.pnl_frame().to_csv(index=False))
     atomic_write_text(run_dir / "report.json", json.dumps(report, indent=2))
-    atomic_write_text(run_dir / "report.md", report_markdown(report, trainer))
-    console.print(report_markdown(report, trainer), markup=False, highlight=False)
+    markdown = run_markdown(report, config)
+    atomic_write_text(run_dir / "report.md", markdown)
+    print_report(console, markdown)
     return report
 
 
-def report_markdown(report: dict[str, Any], trainer: Trainer) -> str:
-    plan = trainer.plan
-    lines = [
-        f"# fitdqn run: {trainer.config.market.data}",
-        "",
-        f"{report['epochs']} epochs, {report['updates']} updates at batch {report['batch_size']} "
-        f"({report['batch_source']}) on {report['device']}; planned memory "
-        f"{format_bytes(plan.planned_bytes)} of {format_bytes(plan.device.free_bytes or 0)} free.",
-        f"{report['env_steps']:,} env steps, {report['samples']:,} samples drawn (train.sample_reuse "
-        f"{trainer.config.train.sample_reuse:g}); reward: {report['reward']}.",
-        "",
-    ]
-    keys = ("total_return", "sharpe", "sortino", "max_drawdown", "calmar", "turnover", "trades", "win_rate")
-    for split in ("validation", "test"):
-        results = report[split]
-        lines += [f"## {split} ({results['bars']} bars)", "", "| policy | " + " | ".join(keys) + " |",
-                  "|---" * (len(keys) + 1) + "|"]
-        for name in ("agent", "buy_and_hold", "random"):
-            row = results[name]
-            cells = [fmt(row.get(k)) for k in keys]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        lines.append("")
-    lines += ["Plots: equity_test.png, learning_curves.png, vram.png", ""]
-    return "\n".join(lines)
+def print_report(console: Console, markdown: str) -> None:
+    """Print a report's markdown as written: no wrapping at the console's width (80 in a pipe)."""
+    wide = Console(file=console.file, width=max(console.width, TABLE_WIDTH), soft_wrap=True, highlight=False,
+                   markup=False, force_terminal=console.is_terminal, color_system=None)
+    wide.print(markdown.rstrip("\n"), soft_wrap=True)
 
 
-def fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
-
-
-def evaluate_run(run_dir: Path, split: str, device_spec: str = "auto", console: Console | None = None
-                 ) -> dict[str, Any]:
-    """Backtest the checkpoint in ``run_dir`` on ``split``; writes ``evaluate_<split>.json``."""
-    from fitdqn.device.probe import resolve_device
+def load_network(run_dir: Path, device, which: str = "best"):
+    """(config, learner, state) of a run directory: the best-by-validation network (best.pt), or ``which =
+    'last'``: the latest checkpoint's."""
     from fitdqn.learn.learner import Learner
     from fitdqn.market.loader import load_market
-    from fitdqn.train.checkpoint import load_checkpoint
 
-    console = console or Console()
     config = resume_config(run_dir)
-    device = resolve_device(device_spec)
-    state = load_checkpoint(run_dir / CHECKPOINT_NAME, map_location=device)
+    path = run_dir / (BEST_NAME if which == "best" else CHECKPOINT_NAME)
+    if which == "best" and not path.is_file():
+        raise UserError(f"'{run_dir}' has no {BEST_NAME} (written at the first validation backtest); evaluate "
+                        "the latest network with --network last")
+    state = load_checkpoint(path, map_location=device)
     market = load_market(config.market, window=config.net.window, device=device)
     learner = Learner(config, state_dim_of(market), device)
     try:
-        learner.load_state_dict(state["learner"])
+        if which == "best":
+            learner.online.load_state_dict(state["online"])
+        else:
+            learner.load_state_dict(state["learner"])
     except (KeyError, RuntimeError, ValueError) as error:
         raise UserError(f"checkpoint in '{run_dir}' does not fit its config.toml ({error}); was it edited?") from None
-    results, _ = evaluate_split(learner, market, config, split)
+    return config, learner, market, state
+
+
+def evaluate_run(run_dir: Path, split: str, device_spec: str = "auto", console: Console | None = None,
+                 network: str = "best") -> dict[str, Any]:
+    """Backtest a run's network (``best`` by validation, or ``last``) on ``split`` beside the baselines;
+    writes ``evaluate_<split>.json``. A walk-forward fold's run uses its fold's ranges (fold.json)."""
+    from fitdqn.device.probe import resolve_device
+    from fitdqn.evaluate.report import metrics_table
+    from fitdqn.evaluate.walk_forward import fold_market, run_fold
+
+    console = console or Console()
+    device = resolve_device(device_spec)
+    config, learner, market, state = load_network(run_dir, device, network)
+    fold = run_fold(run_dir)
+    if fold is not None:  # a walk-forward member: its own fold's ranges
+        market = fold_market(market, fold, config)
+    result = evaluate_split(learner, market, config, split, progress=console)
+    results = {**result.results, "network": network, "epoch": int(state["epoch"]),
+               "verdict": split_verdict(result.results, config)}
+    text = "\n".join([f"{split} split of {config.market.data}, {results['bars']} bars, {network} network (epoch "
+                      f"{state['epoch']})", "", results["verdict"], "", *metrics_table(result.results, config), ""])
+    print_report(console, text)
+    atomic_write_text(run_dir / f"evaluate_{split}_pnl.csv", result.pnl_frame().to_csv(index=False))
     atomic_write_text(run_dir / f"evaluate_{split}.json", json.dumps(results, indent=2))
-    keys = ("total_return", "sharpe", "sortino", "max_drawdown", "calmar", "turnover", "trades", "win_rate")
-    console.print(f"{split} split of {config.market.data}, {results['bars']} bars, checkpoint epoch {state['epoch']}")
-    console.print("| policy | " + " | ".join(keys) + " |", markup=False)
-    for name in ("agent", "buy_and_hold", "random"):
-        console.print(f"| {name} | " + " | ".join(fmt(results[name].get(k)) for k in keys) + " |", markup=False)
     return results
 
 

@@ -1,0 +1,107 @@
+"""Real bars, walk-forward, several seeds: the agent beside buy-and-hold, the rules and random, Sharpe with
+bootstrap intervals. One study per data set (:func:`fitdqn.train.study.run_study`, what
+``fitdqn train --seeds N --folds K`` runs), then one table for all of them.
+
+    python benchmarks/real_bars.py --out runs/real_bars                           # sp500 + nasdaq, 5 seeds, 4 folds
+    python benchmarks/real_bars.py --data sp500 --seeds 5 --folds 4 --config run.toml --set train.epochs=30
+
+Writes ``real_bars.json`` (every study's summary, the machine, the commit) and ``real_bars.md`` (the table
+for BENCHMARKS.md) into --out; each study's run directories are under ``--out/<data>``. Running the same
+command again continues where it stopped (finished runs are read back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from fitdqn.config import Config, load_config, with_overrides
+from fitdqn.evaluate.compare import POLICIES
+from fitdqn.evaluate.report import fmt, fmt_ci, policy_label
+from fitdqn.train.study import run_study
+
+
+def parse_sets(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item}: write KEY=VALUE, e.g. train.epochs=30")
+        out[key] = value
+    return out
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=False).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def table(studies: dict[str, dict[str, Any]], config: Config) -> str:
+    """Markdown: one row per data set and policy, the pooled test Sharpe with its interval."""
+    level = f"{100 * config.evaluate.confidence:g} %"
+    lines = [f"| data | policy | pooled test Sharpe | {level} interval | seeds: median (range) |",
+             "|---|---|---:|---|---|"]
+    for data, summary in studies.items():
+        for name in [p for p in POLICIES if p in summary["pooled"]]:
+            entry = summary["pooled"][name]
+            seeds = ""
+            if name == "agent":
+                low, high = summary["sharpe_range"] or (None, None)
+                seeds = f"{fmt(summary['median_sharpe'], 2)} ({fmt(low, 2)} .. {fmt(high, 2)})"
+            label = "agent (seeds' average book)" if name == "agent" else policy_label(name, config)
+            lines.append(f"| {data} | {label} | {fmt(entry['sharpe'], 2)} | {fmt_ci(entry['sharpe_ci'])} | {seeds} |")
+        diff = summary["pooled"]["agent"].get("sharpe_minus_buy_and_hold")
+        if diff:
+            lines.append(f"| {data} | agent minus buy & hold | {diff['estimate']:+.2f} | {fmt_ci(diff)} | |")
+    lines.append("")
+    for data, summary in studies.items():
+        lines += [f"{data}: {summary['verdict']}", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="sp500,nasdaq", help="comma-separated data sets (default: sp500,nasdaq)")
+    parser.add_argument("--seeds", type=int, default=5, help="training seeds per data set (default: 5)")
+    parser.add_argument("--folds", type=int, default=4, help="walk-forward folds (default: 4)")
+    parser.add_argument("--config", help="TOML config for every run (default: the defaults)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--out", default="runs/real_bars", help="output directory (default: runs/real_bars)")
+    args = parser.parse_args(argv)
+    base = load_config(args.config) if args.config else Config()
+    base = with_overrides(base, {**parse_sets(args.set), "evaluate.seeds": args.seeds, "evaluate.folds": args.folds})
+    out = Path(args.out)
+    console = Console()
+    studies, seconds = {}, {}
+    for data in [d for d in args.data.split(",") if d]:
+        config = with_overrides(base, {"market.data": data, "train.out": str(out / data)})
+        start = time.perf_counter()
+        studies[data] = run_study(config, out / data, console)
+        seconds[data] = time.perf_counter() - start
+    markdown = table(studies, base)
+    import torch
+
+    record = {"command": "python benchmarks/real_bars.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "date": time.strftime("%Y-%m-%d"), "commit": commit(), "machine": platform.node(),
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+              "torch": torch.__version__, "seconds": seconds, "studies": studies}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "real_bars.json").write_text(json.dumps(record, indent=2))
+    (out / "real_bars.md").write_text(markdown)
+    console.print(markdown, soft_wrap=True, markup=False, highlight=False)
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The acting network as a standalone program: ``torch.export`` of observation -> actions, saved as ``.pt2``.
+
+The program takes ``obs [B, W, S]`` float32 (any B; :func:`fitdqn.market.observation.build_observation`:
+W bar tokens of the S = Fm + Fa state, the names in the metadata) and returns ``(actions [B, 3] int64,
+q [B, 3, n] float32)``: the sub-action index per branch and the value it was chosen on. It runs the plain
+PyTorch kernels in fp32 (no Triton, no autocast), so it loads anywhere ``torch.export.load`` does, without
+fitdqn. ``learn.risk = 'neutral'`` picks the best C51 mean, as the learner does; ``'cvar'`` averages the IQN
+quantiles at ``net.iqn_act_quantiles`` evenly spaced levels in ``(0, learn.cvar_alpha)`` (the learner samples
+those levels at random: the same CVaR, without the noise). The metadata (``fitdqn.json`` in the archive) says how
+to read the actions: target positions in contracts, stop and take-profit ATR multiples, the observation layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import fitdqn
+from fitdqn.deploy.policy import RunPolicy
+from fitdqn.errors import UserError
+from fitdqn.market.env import AGENT_FIELDS, STOP_ATR, TAKE_PROFIT_ATR, position_levels
+from fitdqn.market.features import FEATURE_NAMES
+from fitdqn.nets.qnet import QNetwork
+
+METADATA_NAME = "fitdqn.json"
+
+
+class ActingNetwork(nn.Module):
+    """``obs [B, W, S] -> (actions [B, branches] int64, q [B, branches, max_n] fp32)``, greedy, no exploration."""
+
+    def __init__(self, net: QNetwork, risk: str, cvar_alpha: float, quantiles: int) -> None:
+        super().__init__()
+        self.net = net
+        self.risk = risk
+        levels = cvar_alpha * (torch.arange(quantiles, dtype=torch.float32) + 0.5) / quantiles  # [K]
+        self.register_buffer("taus", levels, persistent=False)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.net.features(obs)  # [B, d]
+        if self.risk == "cvar":
+            taus = self.taus.expand(obs.shape[0], -1)  # [B, K]
+            values = self.net.iqn.reference(features, taus)  # [B, K, sum(branches)]: plain ops, exportable
+            if not self.net.uniform:
+                values = values[..., self.net.pad_index]
+            q = values.view(*values.shape[:-1], len(self.net.branches), self.net.max_n).mean(1)  # [B, br, n]
+        else:
+            q = self.net.q_values(self.net.c51_logits(features))  # [B, br, n]
+        return self.net.greedy(q), q
+
+
+def acting_network(policy: RunPolicy) -> ActingNetwork:
+    """A CPU fp32 copy of the run's online network with the plain PyTorch kernels, wrapped to act greedily."""
+    config = policy.config
+    net = QNetwork(config.net, policy.learner.state_dim, fused=False)
+    net.load_state_dict({k: v.detach().float().cpu() for k, v in policy.learner.online.state_dict().items()})
+    learn = config.learn
+    return ActingNetwork(net, learn.risk, learn.cvar_alpha, config.net.iqn_act_quantiles).eval()
+
+
+def metadata(policy: RunPolicy) -> dict[str, Any]:
+    config = policy.config
+    return {
+        "fitdqn_version": fitdqn.__version__,
+        "torch_version": torch.__version__,
+        "run_dir": str(policy.run_dir),
+        "checkpoint_epoch": policy.epoch,
+        "inputs": {"obs": ["batch", config.net.window, policy.learner.state_dim]},
+        "outputs": {"actions": ["batch", len(config.net.branches)], "q": ["batch", len(config.net.branches),
+                                                                          max(config.net.branches)]},
+        "feature_names": list(FEATURE_NAMES),
+        "agent_fields": list(AGENT_FIELDS),
+        "branches": {
+            "target_contracts": position_levels(config.net.branches[0], config.market.max_contracts),
+            "stop_atr": list(STOP_ATR),
+            "take_profit_atr": list(TAKE_PROFIT_ATR),
+        },
+        "risk": config.learn.risk,
+        "contract": dataclasses.asdict(policy.contract) if dataclasses.is_dataclass(policy.contract) else None,
+        "config": {"net": dataclasses.asdict(config.net), "market": dataclasses.asdict(config.market)},
+    }
+
+
+def export_policy(policy: RunPolicy, out: str | Path, example_batch: int = 2) -> Path:
+    """``torch.export`` the acting network with a dynamic batch and save it with its metadata to ``out``."""
+    out = Path(out)
+    if out.suffix != ".pt2":
+        raise UserError(f"--out {out}: torch.export archives end in .pt2 (e.g. --out policy.pt2)")
+    module = acting_network(policy)
+    net = policy.config.net
+    example = torch.zeros(example_batch, net.window, policy.learner.state_dim)  # [B, W, S]
+    batch = torch.export.Dim("batch", min=1)
+    with torch.no_grad():
+        program = torch.export.export(module, (example,), dynamic_shapes={"obs": {0: batch}})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.export.save(program, out, extra_files={METADATA_NAME: json.dumps(metadata(policy), indent=2,
+                                                                            default=str)})
+    return out
+
+
+def load_exported(path: str | Path) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
+    """The exported program and its metadata."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"no exported policy at '{path}' (fitdqn export RUN_DIR --out {path.name} writes one)")
+    extra = {METADATA_NAME: ""}
+    program = torch.export.load(path, extra_files=extra)
+    return program, json.loads(extra[METADATA_NAME]) if extra[METADATA_NAME] else {}

@@ -1,0 +1,65 @@
+"""A run directory's trained policy: its config, its contract, and the learner restored from its checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fitdqn.config import Config, load_config
+from fitdqn.errors import UserError
+from fitdqn.learn.learner import Learner
+from fitdqn.market.contract import ContractSpec, contract_for
+from fitdqn.market.env import NUM_AGENT_FIELDS, market_goal_unit
+from fitdqn.market.features import NUM_FEATURES
+from fitdqn.market.loader import load_market
+from fitdqn.train.checkpoint import load_checkpoint
+from fitdqn.train.trainer import CHECKPOINT_NAME
+
+
+@dataclass
+class RunPolicy:
+    """What acting needs from a run: the config it trained with, the contract it traded, the learner."""
+
+    run_dir: Path
+    config: Config
+    contract: ContractSpec
+    learner: Learner
+    epoch: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.learner.device
+
+    def goal_unit(self) -> float:
+        """The goal scale the backtests show the agent: the training split's median ATR for one contract in
+        reward units (:func:`fitdqn.market.env.market_goal_unit`), from the run's own training bars."""
+        try:
+            market = load_market(self.config.market, window=self.config.net.window, device=self.device)
+        except UserError as error:
+            raise UserError(
+                f"the run's training bars (market.data = '{self.config.market.data}') are needed for the goal "
+                f"scale the policy was evaluated with, and cannot be loaded ({error}); put the file back where "
+                "the run's config.toml says, or give --goal-unit (`fitdqn act` prints it where the bars are)"
+            ) from None
+        return market_goal_unit(market, self.config.net.window, self.config.market.reward_scale,
+                                self.config.market.reward)
+
+
+def load_run_policy(run_dir: str | Path, device: torch.device | str = "cpu") -> RunPolicy:
+    """The trained learner of ``run_dir`` (its ``config.toml`` and ``checkpoint.pt``) on ``device``."""
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.toml"
+    if not config_path.is_file():
+        raise UserError(f"'{run_dir}' has no config.toml: not a fitdqn run directory (fitdqn train --out writes one)")
+    config = load_config(config_path)
+    device = torch.device(device)
+    state = load_checkpoint(run_dir / CHECKPOINT_NAME, map_location=device)
+    learner = Learner(config, NUM_FEATURES + NUM_AGENT_FIELDS, device)
+    try:
+        learner.load_state_dict(state["learner"])
+    except (KeyError, RuntimeError, ValueError) as error:
+        raise UserError(f"checkpoint in '{run_dir}' does not fit its config.toml ({error}); was it edited?") from None
+    contract = contract_for(config.market.contract, config.market.data)
+    return RunPolicy(run_dir, config, contract, learner, int(state.get("epoch", 0)))

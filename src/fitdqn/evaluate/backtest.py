@@ -1,0 +1,246 @@
+"""Backtests: a policy run over a whole split of bars on the futures env, with the env's fills and costs.
+
+A backtest is the split cut into consecutive ``market.episode_length`` episodes, as in training: each
+episode starts flat and liquidates at its end. That makes it parallel for free: the episodes are grouped into
+K contiguous **segments** of whole episodes, and the K segments are stepped together as the K envs of one
+sequential :class:`~fitdqn.market.env.FuturesEnv` (one network forward per step for all of them instead of
+one per bar). Every segment starts flat at an episode start, exactly where the one-env pass starts that
+episode, so the stitched result is the one-env pass's: equal bit for bit for any policy whose action for an
+observation does not depend on the rest of the batch (rules; a network up to float rounding of a batched
+matmul, which can flip a near-tie). A random policy draws different numbers at a different batch size.
+``evaluate.segments`` caps K (memory: K observations and one forward at batch K per step); K = 1 is the plain
+sequential pass. The per-step records stay on the device until one host sync at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from torch import Tensor
+
+from fitdqn.market.contract import ContractSpec
+from fitdqn.market.env import NUM_BRANCHES, FuturesEnv, resolve_reward
+from fitdqn.market.loader import Market, load_market
+
+
+@dataclass
+class Backtest:
+    """One sequential run over a split. Step k decides at ``decision_bar[k]`` and fills on the next bar
+    (``timestamp[k]`` is that fill bar's time); currency arrays are float64.
+
+    ``equity[k]`` is the cumulative net P&L after k steps (``equity[0] = 0``); ``buy_and_hold`` holds
+    ``hold_contracts`` (the env's ``max_contracts``, the agent's largest exposure) bought at the first fill
+    bar's open and held to the last close, entry and exit costs included. The run is a sequence of
+    ``episode_length`` episodes, as in training: a position is liquidated (and may be re-entered at the next
+    open) at each episode end (``exit == EXIT_EPISODE_END``).
+    """
+
+    split: str
+    contract: ContractSpec
+    decision_bar: np.ndarray  # [N] int64
+    timestamp: np.ndarray  # [N] datetime64[ns] of the fill bar (NaT without bars)
+    pnl: np.ndarray  # [N] currency, net of costs
+    cost: np.ndarray  # [N] currency: commission + slippage
+    reward: np.ndarray  # [N] pnl x reward_scale
+    target: np.ndarray  # [N] contracts chosen
+    position: np.ndarray  # [N] contracts held at the fill bar's close
+    traded: np.ndarray  # [N] contracts filled
+    exit: np.ndarray  # [N] uint8 EXIT_* codes
+    equity: np.ndarray  # [N + 1] currency
+    buy_and_hold: np.ndarray  # [N + 1] currency
+    hold_contracts: int
+    segments: int  # envs stepped in parallel (1 = the plain sequential pass)
+
+    def __len__(self) -> int:
+        return int(self.pnl.shape[0])
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "timestamp": self.timestamp,
+                "decision_bar": self.decision_bar,
+                "pnl": self.pnl,
+                "cost": self.cost,
+                "reward": self.reward,
+                "target": self.target,
+                "position": self.position,
+                "traded": self.traded,
+                "exit": self.exit,
+                "equity": self.equity[1:],
+                "buy_and_hold": self.buy_and_hold[1:],
+            }
+        )
+
+
+class BarRule:
+    """A rule policy: the action of every bar decided in advance, ``actions [T, 3]`` int64 over all bars of
+    the market (the rule reads prices up to the decision bar only). The backtest looks up the env's bars
+    instead of building observations."""
+
+    def __init__(self, name: str, actions: Tensor) -> None:
+        self.name = name
+        self.actions = actions  # [T, 3] int64
+
+    def __call__(self, bar: Tensor) -> Tensor:
+        return self.actions[bar]  # [E, 3]
+
+
+Policy = Callable[[Tensor], Tensor]  # obs [E, W, S] -> actions [E, 3]
+Progress_ = Progress | Console | None
+
+
+def segment_layout(steps: int, episode_length: int, segments: int) -> tuple[int, int]:
+    """(K, steps per segment): at most ``segments`` segments of whole episodes covering ``steps`` steps."""
+    episodes = max(1, math.ceil(steps / episode_length))
+    per_segment = math.ceil(episodes / max(1, min(segments, episodes)))  # episodes per segment
+    count = math.ceil(episodes / per_segment)
+    return count, min(per_segment * episode_length, steps)
+
+
+def _progress(progress: Progress_, total: int, label: str):
+    """(progress, task, own): a task on the caller's Progress, a transient bar on a terminal Console, or
+    nothing."""
+    if isinstance(progress, Progress):
+        return progress, progress.add_task(label, total=total, status=label), False
+    if isinstance(progress, Console) and progress.is_terminal:  # a pipe or a log gets no bar
+        bar = Progress(TextColumn("[bold]{task.description}"), MofNCompleteColumn(), BarColumn(),
+                       TimeElapsedColumn(), console=progress, transient=True)
+        bar.start()
+        return bar, bar.add_task(label, total=total), True
+    return None, None, False
+
+
+def run_backtest(
+    env: FuturesEnv,
+    policy: Policy | BarRule,
+    *,
+    split: str,
+    timestamps: np.ndarray | None,
+    progress: Progress_ = None,
+) -> Backtest:
+    """Run ``policy`` over a sequential env from its first bar to the end of its range, its ``num_envs``
+    envs stepping contiguous segments of whole episodes (module docstring). One host sync, at the end (plus
+    whatever the policy does). ``progress``: a rich Progress to add a task to, or a Console for a bar."""
+    if not env.sequential:
+        raise ValueError("run_backtest needs a sequential env (FuturesEnv(..., sequential=True))")
+    steps = env.last_bar - env.first_bar
+    K, per = segment_layout(steps, env.episode_length, env.num_envs)
+    if K != env.num_envs:
+        raise ValueError(f"an env of {env.num_envs} envs for {K} segments: build it with segment_layout()")
+    env.reset()
+    offsets = torch.arange(K, device=env.device) * per  # [K] first step of each segment
+    env.bar.copy_(env.first_bar + offsets)  # each segment starts flat at its first episode's start
+    dtype = env.prices.dtype  # the env's P&L is float32: recorded as such, widened to float64 on the host
+    names = ("pnl", "cost", "reward", "position", "traded")
+    record = {k: torch.empty((per, K), dtype=dtype, device=env.device) for k in names}  # [S, K] each
+    target = torch.empty((per, K), dtype=dtype, device=env.device)
+    exits = torch.empty((per, K), dtype=torch.uint8, device=env.device)
+    bars = torch.empty((per, K), dtype=torch.int64, device=env.device)
+    bar_progress, task, own = _progress(progress, per, f"backtest {split}")
+    try:
+        for k in range(per):
+            if isinstance(policy, BarRule):
+                action = policy(env.bar)
+            else:
+                action = torch.as_tensor(policy(env.observation()), device=env.device).reshape(K, NUM_BRANCHES)
+            out = env.step(action)
+            for name in names:
+                record[name][k] = out[name]
+            target[k] = env.position_levels[action[:, 0].long()]
+            exits[k] = out["exit"]
+            bars[k] = out["bar"]
+            if bar_progress is not None:
+                bar_progress.advance(task)
+    finally:
+        if own:
+            bar_progress.stop()
+        elif bar_progress is not None:
+            bar_progress.remove_task(task)
+    # stitch: segment k's first min(per, steps - k * per) steps, in order ([steps] flat indices into [S, K])
+    step_of = torch.arange(steps, device=env.device)
+    flat = (step_of % per) * K + step_of // per
+    # host sync: the backtest's results
+    host = {k: v.reshape(-1)[flat].double().cpu().numpy() for k, v in record.items()}
+    target_np = target.reshape(-1)[flat].double().cpu().numpy()
+    exits_np = exits.reshape(-1)[flat].cpu().numpy()
+    bars_np = bars.reshape(-1)[flat].cpu().numpy()
+    prices = env.prices.double().cpu().numpy()
+    fill_bars = bars_np + 1
+    c = env.contract
+    hold = env.max_contracts
+    buy_and_hold = np.zeros(steps + 1)
+    buy_and_hold[1:] = hold * ((prices[fill_bars, 3] - prices[fill_bars[0], 0] - c.slippage) * c.multiplier
+                               - c.commission)
+    buy_and_hold[-1] -= hold * c.cost_per_side
+    stamps = (
+        np.asarray(timestamps)[fill_bars]
+        if timestamps is not None
+        else np.full(steps, np.datetime64("NaT", "ns"))
+    )
+    pnl = host["pnl"]
+    return Backtest(
+        split=split, contract=c, decision_bar=bars_np, timestamp=stamps, pnl=pnl, cost=host["cost"],
+        reward=host["reward"], target=target_np, position=host["position"], traded=host["traded"],
+        exit=exits_np, equity=np.concatenate([[0.0], np.cumsum(pnl)]), buy_and_hold=buy_and_hold,
+        hold_contracts=hold, segments=K,
+    )
+
+
+def evaluate_policy(
+    policy: Policy | BarRule,
+    market: Market,
+    split: str,
+    *,
+    window: int,
+    episode_length: int,
+    max_contracts: int,
+    reward_scale: float,
+    branches: Sequence[int],
+    segments: int,
+    goal: float | None = None,
+    progress: Progress_ = None,
+    reward: str = "pnl",
+) -> Backtest:
+    """Backtest ``policy`` over a whole split of ``market`` from its first valid bar to its end, in at most
+    ``segments`` parallel segments. ``goal`` is the target shown in the state (None: the middle of the
+    training goal range)."""
+    options = dict(window=window, episode_length=episode_length, max_contracts=max_contracts,
+                   reward_scale=reward_scale, reward=reward, branches=branches, sequential=True)
+    s = market.split(split)
+    steps = s.stop - 1 - market.first_bar(s, window)
+    count, _ = segment_layout(steps, episode_length, segments)
+    env = FuturesEnv.from_market(market, split, num_envs=count, **options)
+    g = 0.5 * (env.goal_range[0] + env.goal_range[1]) if goal is None else float(goal)
+    env.goal_range = (g, g)
+    stamps = market.bars["timestamp"].to_numpy()
+    return run_backtest(env, policy, split=s.name, timestamps=stamps, progress=progress)
+
+
+def evaluate_config(
+    policy: Policy | BarRule,
+    config,
+    split: str,
+    *,
+    market: Market | None = None,
+    device=None,
+    goal: float | None = None,
+    progress: Progress_ = None,
+) -> Backtest:
+    """:func:`evaluate_policy` with the sizes of a :class:`fitdqn.config.Config`."""
+    if market is None:
+        market = load_market(config.market, window=config.net.window, device=device)
+    if config.market.reward_scale <= 0:  # the derived scale the agent was trained with
+        config, _ = resolve_reward(config, market)
+    m = config.market
+    return evaluate_policy(
+        policy, market, split, window=config.net.window, episode_length=m.episode_length,
+        max_contracts=m.max_contracts, reward_scale=m.reward_scale, branches=config.net.branches,
+        segments=config.evaluate.segments, goal=goal, progress=progress, reward=m.reward,
+    )

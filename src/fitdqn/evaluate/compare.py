@@ -1,0 +1,123 @@
+"""One split, the agent beside every baseline: trading metrics and bootstrap intervals on Sharpe."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fitdqn.config import Config
+from fitdqn.evaluate.backtest import Backtest, Progress_, evaluate_config
+from fitdqn.evaluate.baselines import (
+    RULES,
+    account_size,
+    greedy_policy,
+    periods_per_year,
+    random_policy,
+    rule_policies,
+)
+from fitdqn.evaluate.bootstrap import bootstrap_sharpe
+from fitdqn.evaluate.metrics import bar_returns, trading_metrics
+from fitdqn.learn.learner import Learner
+from fitdqn.market.loader import Market
+
+BUY_AND_HOLD = "buy_and_hold"
+RANDOM = "random"
+POLICIES = ("agent", BUY_AND_HOLD, *RULES, RANDOM)  # the order of every table
+
+
+@dataclass
+class SplitResult:
+    """What :func:`evaluate_split` computed: the JSON-ready ``results`` and the per-bar series behind them."""
+
+    results: dict[str, Any]
+    agent: Backtest
+    pnl: dict[str, np.ndarray] = field(default_factory=dict)  # policy -> [N] net P&L per bar (currency)
+
+    def pnl_frame(self) -> pd.DataFrame:
+        """[N] rows: the fill bar's time and each policy's P&L (the random policy: mean over its seeds)."""
+        return pd.DataFrame({"timestamp": self.agent.timestamp, **self.pnl})
+
+    def equity_curves(self) -> dict[str, np.ndarray]:
+        """policy -> [N + 1] equity from the split's capital."""
+        capital = self.results["capital"]
+        return {name: capital + np.concatenate([[0.0], np.cumsum(p)]) for name, p in self.pnl.items()}
+
+
+def sharpe_intervals(config: Config, pnl: np.ndarray, baseline: np.ndarray | None, capital: float,
+                     per_year: float) -> dict[str, Any]:
+    """``sharpe_ci`` of ``pnl`` and, with ``baseline``, ``sharpe_minus_buy_and_hold``; None for a ruined
+    account (its Sharpe is not defined)."""
+    e = config.evaluate
+    options = dict(samples=e.bootstrap_samples, block_length=e.block_length, confidence=e.confidence,
+                   seed=e.bootstrap_seed)
+    returns = bar_returns(pnl, capital)
+    if len(returns) < len(pnl):
+        return {"sharpe_ci": None} | ({"sharpe_minus_buy_and_hold": None} if baseline is not None else {})
+    out = {"sharpe_ci": bootstrap_sharpe(returns, per_year, **options).to_json()}
+    if baseline is not None:
+        base = bar_returns(baseline, capital)
+        out["sharpe_minus_buy_and_hold"] = (
+            bootstrap_sharpe(returns, per_year, baseline=base, **options).to_json() if len(base) == len(returns)
+            else None)
+    return out
+
+
+def evaluate_split(learner: Learner, market: Market, config: Config, split: str, *, baselines: bool = True,
+                   progress: Progress_ = None) -> SplitResult:
+    """The greedy agent on one split; with ``baselines``, buy-and-hold, the rules and random (mean over
+    ``train.eval_seeds`` seeds) beside it, and bootstrap intervals on every Sharpe."""
+    capital = account_size(market, config, split)
+    per_year = periods_per_year(market.bars["timestamp"])
+    agent = evaluate_config(greedy_policy(learner), config, split, market=market, progress=progress)
+    hold_pnl = np.diff(agent.buy_and_hold)
+    stamps = agent.timestamp
+    results: dict[str, Any] = {
+        "split": split,
+        "bars": len(agent),
+        "first_time": time_text(stamps[0]) if len(stamps) else None,
+        "last_time": time_text(stamps[-1]) if len(stamps) else None,
+        "capital": capital,
+        "currency": market.contract.currency,
+        "periods_per_year": per_year,
+        "segments": agent.segments,
+        "hold_contracts": agent.hold_contracts,
+    }
+    pnl = {"agent": agent.pnl}
+    positions = {"agent": agent.position}
+    if baselines:
+        pnl[BUY_AND_HOLD] = hold_pnl
+        positions[BUY_AND_HOLD] = np.full_like(hold_pnl, float(agent.hold_contracts))
+        for name, rule in rule_policies(market, config, per_year).items():
+            backtest = evaluate_config(rule, config, split, market=market)
+            pnl[name], positions[name] = backtest.pnl, backtest.position
+    results["policies"] = list(pnl) + ([RANDOM] if baselines and config.train.eval_seeds > 0 else [])
+    for name in pnl:
+        results[name] = trading_metrics(pnl[name], positions[name], capital, per_year).to_json()
+        if baselines:
+            results[name] |= sharpe_intervals(config, pnl[name], hold_pnl if name == "agent" else None, capital,
+                                              per_year)
+    if baselines and config.train.eval_seeds > 0:
+        runs = [evaluate_config(random_policy(config.net.branches, 1000 + s, market.device), config, split,
+                                market=market) for s in range(config.train.eval_seeds)]
+        metrics = [trading_metrics(r.pnl, r.position, capital, per_year).to_json() for r in runs]
+        numeric = [k for k, v in metrics[0].items() if isinstance(v, (int, float)) or v is None]
+        results[RANDOM] = {k: _mean([m[k] for m in metrics]) for k in numeric}
+        results[RANDOM]["seeds"] = len(runs)
+        pnl[RANDOM] = np.mean([r.pnl for r in runs], axis=0)  # [N] the seeds' average P&L
+    return SplitResult(results, agent, pnl)
+
+
+def time_text(stamp) -> str | None:
+    """A bar time as text: the date alone for daily bars (midnight), else date and time."""
+    t = pd.Timestamp(stamp)
+    if pd.isna(t):
+        return None
+    return t.date().isoformat() if t == t.normalize() else t.isoformat(sep=" ")
+
+
+def _mean(values: list) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None

@@ -1,0 +1,269 @@
+"""Reports a trader reads: a verdict in words first, then what was traded and how, then the tables.
+
+The verdict rests on the bootstrap intervals (:mod:`fitdqn.evaluate.bootstrap`): the agent's edge is
+"distinguishable from zero" when the interval of its Sharpe excludes 0, and "distinguishable from buy-and-hold"
+when the interval of its Sharpe minus buy-and-hold's (the same bars resampled together) excludes 0. Across
+seeds and folds, the test P&L of the seeds is averaged bar by bar (an equal-weight book of the seeds' agents)
+and the folds' test blocks are joined in time; the intervals are those of that pooled series, with each seed's
+own pooled Sharpe beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fitdqn.config import Config
+from fitdqn.evaluate.bootstrap import bootstrap_sharpe
+from fitdqn.evaluate.compare import BUY_AND_HOLD, POLICIES, RANDOM
+from fitdqn.evaluate.metrics import bar_returns, sharpe_ratio
+from fitdqn.market.contract import ContractSpec
+
+TABLE_WIDTH = 160  # console width for printing reports: tables never wrap, in a terminal or a pipe
+
+
+def policy_label(name: str, config: Config, results: dict[str, Any] | None = None) -> str:
+    e = config.evaluate
+    labels = {
+        "agent": "agent",
+        BUY_AND_HOLD: f"buy & hold ({config.market.max_contracts} ct)",
+        "ma_crossover": f"MA {e.ma_fast}/{e.ma_slow}",
+        "time_series_momentum": f"momentum {e.momentum_years * 12:g} mo",
+        "last_bar_momentum": "last-bar momentum",
+        RANDOM: f"random ({config.train.eval_seeds} seed{'s' if config.train.eval_seeds != 1 else ''})",
+    }
+    return labels.get(name, name)
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def fmt_ci(ci: dict[str, Any] | None) -> str:
+    if not ci or ci.get("low") is None or ci.get("high") is None:
+        return "-"
+    return f"{ci['low']:.2f} .. {ci['high']:.2f}"
+
+
+def contract_line(contract: ContractSpec) -> str:
+    c = contract
+    text = (f"{c.name}{f' ({c.description})' if c.description else ''}: {c.multiplier:g} {c.currency} per point "
+            f"per contract, tick {c.tick_size:g}, commission {c.commission:g} {c.currency} per contract per fill, "
+            f"slippage {c.slippage_ticks:g} tick(s) on market and stop fills")
+    return text
+
+
+def judge(ci: dict[str, Any] | None, what: str) -> str:
+    """Words for an interval: above / below / not distinguishable from ``what``."""
+    if not ci or ci.get("low") is None or ci.get("high") is None:
+        return f"no interval (too few bars), so not distinguishable from {what}"
+    if ci["low"] > 0:
+        return f"distinguishable from {what} (above it)"
+    if ci["high"] < 0:
+        return f"distinguishable from {what} (below it)"
+    return f"not distinguishable from {what}"
+
+
+def best_rule(results: dict[str, Any]) -> tuple[str, float] | None:
+    rules = [(n, results[n]["sharpe"]) for n in results.get("policies", ())
+             if n not in ("agent", BUY_AND_HOLD, RANDOM) and results[n].get("sharpe") is not None]
+    return max(rules, key=lambda r: r[1]) if rules else None
+
+
+def split_verdict(results: dict[str, Any], config: Config) -> str:
+    """The verdict of one run from its test results."""
+    agent, level = results["agent"], f"{100 * config.evaluate.confidence:g} %"
+    if agent.get("ruined_at") is not None:
+        return (f"The agent lost the whole account on the {results['split']} split: equity reached zero at step "
+                f"{agent['ruined_at']} of {results['bars']}, so the backtest ended there and it has no Sharpe. "
+                "Raise train.capital or lower market.max_contracts to trade it at all.")
+    ci, diff = agent.get("sharpe_ci"), agent.get("sharpe_minus_buy_and_hold")
+    hold = results.get(BUY_AND_HOLD, {}).get("sharpe")
+    text = (f"On the {results['split']} split ({results['bars']} bars) the agent's Sharpe is "
+            f"{fmt(agent['sharpe'], 2)} ({level} interval {fmt_ci(ci)}): {judge(ci, 'zero')}. ")
+    if diff:
+        text += (f"Buy-and-hold's is {fmt(hold, 2)}; the difference, {diff['estimate']:+.2f} (interval "
+                 f"{fmt_ci(diff)}), is {judge(diff, 'buy-and-hold')}. ")
+    rule = best_rule(results)
+    if rule:
+        text += f"The best rule baseline, {policy_label(rule[0], config)}, has Sharpe {rule[1]:.2f}."
+    return text.strip()
+
+
+def metrics_table(results: dict[str, Any], config: Config) -> list[str]:
+    head = "| policy | return | Sharpe | interval | Sortino | max DD | turnover | trades | win |"
+    lines = [head, "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for name in results.get("policies", ("agent",)):
+        row = results[name]
+        cells = [fmt(row.get("total_return")), fmt(row.get("sharpe"), 2), fmt_ci(row.get("sharpe_ci")),
+                 fmt(row.get("sortino"), 2), fmt(row.get("max_drawdown")), fmt(row.get("turnover")),
+                 fmt(row.get("trades"), 0), fmt(row.get("win_rate"), 2)]
+        lines.append(f"| {policy_label(name, config)} | " + " | ".join(cells) + " |")
+    diff = results["agent"].get("sharpe_minus_buy_and_hold")
+    if diff:
+        lines += ["", f"agent Sharpe minus buy-and-hold's: {diff['estimate']:+.2f}, interval {fmt_ci(diff)}"]
+    ruined = [n for n in results.get("policies", ()) if results[n].get("ruined_at") is not None]
+    for name in ruined:
+        lines += ["", f"note: {policy_label(name, config)} lost the whole account at step "
+                  f"{results[name]['ruined_at']}; its backtest ends there (Sharpe, Sortino, Calmar not defined)"]
+    return lines
+
+
+def units_line(results: dict[str, Any], config: Config) -> str:
+    auto = config.train.capital <= 0
+    e = config.evaluate
+    return (f"Account: capital {results['capital']:,.0f} {results['currency']}"
+            f"{f' (auto: the notional of {config.market.max_contracts} contracts at the split start)' if auto else ''}"
+            f"; P&L in {results['currency']} net of costs; returns per bar on equity; Sharpe annualised at "
+            f"{results['periods_per_year']:g} bars a year; intervals: {100 * e.confidence:g} %, stationary block "
+            f"bootstrap, {e.bootstrap_samples} resamples.")
+
+
+def selection_line(selection: dict[str, Any]) -> str:
+    candidates = ", ".join(f"{e} ({fmt(s, 2)})" for e, s in selection["candidates"])
+    return (f"Network: epoch {selection['epoch']} of {selection['epochs']}, {selection['reason']}; validation "
+            f"Sharpe by epoch: {candidates or 'none'}. The test split played no part in the choice.")
+
+
+def run_markdown(report: dict[str, Any], config: Config) -> str:
+    """report.md of one run (the dict :func:`fitdqn.train.run.final_report` writes as report.json)."""
+    test = report["test"]
+    lines = [f"# fitdqn run: {config.market.data}", "", "**Verdict.** " + report["verdict"], "",
+             f"Run directory: {report['run_dir']}", "",
+             f"Data: {config.market.data}, {report['bars']} bars ({report['first_time']} .. {report['last_time']})"
+             + (f", walk-forward fold {report['fold']['index']}" if report.get("fold") else "")
+             + f"; trained on {report['train_bars'][0]} .. {report['train_bars'][1]}.", "",
+             "Contract: " + contract_line_from(report), "", units_line(test, config), "",
+             f"Training: {report['epochs']} epochs, {report['updates']} updates at batch {report['batch_size']} "
+             f"({report['batch_source']}) on {report['device']}; planned memory {report['planned_memory']}.", "",
+             selection_line(report["selection"]), ""]
+    for split in ("test", "validation"):
+        r = report[split]
+        lines += [f"## {split}: {r['bars']} bars, {r['first_time']} .. {r['last_time']}", ""]
+        lines += metrics_table(r, config) + [""]
+    lines += ["Plots: equity_test.png (agent and baselines), learning_curves.png, vram.png", "",
+              f"Run directory: {report['run_dir']}", ""]
+    return "\n".join(lines)
+
+
+def contract_line_from(report: dict[str, Any]) -> str:
+    return contract_line(ContractSpec(**{**report["contract"], "data": tuple(report["contract"]["data"])}))
+
+
+# ---------------------------------------------------------------------------------------------- studies
+def pooled_returns(members: list[dict[str, Any]], policy: str) -> np.ndarray:
+    """Per-bar returns of ``policy`` joined over the folds (in fold order) of one seed's members."""
+    parts = [bar_returns(m["pnl"][policy].to_numpy(), m["capital"]) for m in sorted(members, key=lambda m: m["fold"])]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def study_summary(members: list[dict[str, Any]], config: Config, per_year: float) -> dict[str, Any]:
+    """Aggregate a study: ``members`` = one dict per (seed, fold) run with ``seed``, ``fold``, ``capital``,
+    ``pnl`` (the run's test P&L frame: a column per policy), ``selected_epoch`` and ``test`` (its results)."""
+    e = config.evaluate
+    options = dict(samples=e.bootstrap_samples, block_length=e.block_length, confidence=e.confidence,
+                   seed=e.bootstrap_seed)
+    seeds = sorted({m["seed"] for m in members})
+    folds = sorted({m["fold"] for m in members})
+    by_seed = {s: [m for m in members if m["seed"] == s] for s in seeds}
+    first = by_seed[seeds[0]]
+    per_seed = []
+    for s in seeds:
+        r = pooled_returns(by_seed[s], "agent")
+        ci = bootstrap_sharpe(r, per_year, **options).to_json() if len(r) > 1 else None
+        per_seed.append({"seed": s, "sharpe": _finite(sharpe_ratio(r, per_year)), "sharpe_ci": ci,
+                         "selected_epochs": [m["selected_epoch"] for m in sorted(by_seed[s], key=lambda m: m["fold"])]})
+    book = []  # the seeds' average agent P&L per fold, as one member list
+    for f in folds:
+        fold_members = [m for m in members if m["fold"] == f]
+        mean_pnl = np.mean([m["pnl"]["agent"].to_numpy() for m in fold_members], axis=0)
+        book.append({"fold": f, "capital": fold_members[0]["capital"], "pnl": pd.DataFrame({"agent": mean_pnl})})
+    book_returns = pooled_returns(book, "agent")
+    hold_returns = pooled_returns(first, BUY_AND_HOLD)
+    pooled: dict[str, Any] = {}
+    for name in [p for p in POLICIES if p in first[0]["pnl"].columns]:
+        r = book_returns if name == "agent" else pooled_returns(first, name)
+        entry = {"sharpe": _finite(sharpe_ratio(r, per_year)),
+                 "sharpe_ci": bootstrap_sharpe(r, per_year, **options).to_json() if len(r) > 1 else None}
+        if name == "agent" and len(r) == len(hold_returns) > 1:
+            entry["sharpe_minus_buy_and_hold"] = bootstrap_sharpe(r, per_year, baseline=hold_returns,
+                                                                  **options).to_json()
+        pooled[name] = entry
+    sharpes = [p["sharpe"] for p in per_seed if p["sharpe"] is not None]
+    per_fold = []
+    for f in folds:
+        fold_members = [m for m in members if m["fold"] == f]
+        test = fold_members[0]["test"]
+        agent = [m["test"]["agent"]["sharpe"] for m in fold_members if m["test"]["agent"]["sharpe"] is not None]
+        per_fold.append({"fold": f, "first_time": test["first_time"], "last_time": test["last_time"],
+                         "bars": test["bars"], "agent_median_sharpe": float(np.median(agent)) if agent else None,
+                         **{n: test[n]["sharpe"] for n in test["policies"] if n != "agent"}})
+    return {
+        "seeds": seeds, "folds": len(folds), "bars": int(len(book_returns)), "periods_per_year": per_year,
+        "per_seed": per_seed, "per_fold": per_fold, "pooled": pooled,
+        "median_sharpe": float(np.median(sharpes)) if sharpes else None,
+        "sharpe_range": [min(sharpes), max(sharpes)] if sharpes else None,
+        "seeds_above_zero": sum(1 for p in per_seed if p["sharpe_ci"] and (p["sharpe_ci"]["low"] or 0) > 0),
+    }
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def study_verdict(summary: dict[str, Any], config: Config) -> str:
+    level = f"{100 * config.evaluate.confidence:g} %"
+    n, k = len(summary["seeds"]), summary["folds"]
+    agent = summary["pooled"]["agent"]
+    span = f"{n} seed{'s' if n > 1 else ''}" + (f" x {k} walk-forward folds" if k > 1 else "")
+    low, high = summary["sharpe_range"] or (None, None)
+    text = (f"Across {span} ({summary['bars']} test bars{' pooled over the folds' if k > 1 else ''}), the median "
+            f"agent Sharpe is {fmt(summary['median_sharpe'], 2)} (seeds {fmt(low, 2)} to {fmt(high, 2)}); "
+            f"{summary['seeds_above_zero']} of {n} seeds have a {level} interval above zero. The seeds' "
+            f"average book has Sharpe {fmt(agent['sharpe'], 2)} (interval {fmt_ci(agent['sharpe_ci'])}): "
+            f"{judge(agent['sharpe_ci'], 'zero')}. ")
+    diff = agent.get("sharpe_minus_buy_and_hold")
+    hold = summary["pooled"].get(BUY_AND_HOLD, {}).get("sharpe")
+    if diff:
+        text += (f"Buy-and-hold's is {fmt(hold, 2)}; the difference, {diff['estimate']:+.2f} (interval "
+                 f"{fmt_ci(diff)}), is {judge(diff, 'buy-and-hold')}.")
+    return text.strip()
+
+
+def study_markdown(summary: dict[str, Any], config: Config, run_dir: str, contract: ContractSpec) -> str:
+    e = config.evaluate
+    capital = ("train.capital" if config.train.capital > 0
+               else "the notional of market.max_contracts at the test block start")
+    lines = [f"# fitdqn study: {config.market.data}", "", "**Verdict.** " + summary["verdict"], "",
+             f"Run directory: {run_dir}", "", "Contract: " + contract_line(contract), "",
+             f"Each seed and fold is its own run directory (seed_S/fold_K) with its own report.md. Capital per "
+             f"fold: {capital}; Sharpe annualised at {summary['periods_per_year']:g} bars a year; intervals "
+             f"{100 * e.confidence:g} %, stationary block bootstrap, {e.bootstrap_samples} resamples. Networks "
+             "were chosen on each fold's validation bars only.", "",
+             "## Pooled test", "", "| policy | Sharpe | interval |", "|---|---:|---|"]
+    for name, entry in summary["pooled"].items():
+        label = "agent (seeds' average book)" if name == "agent" else policy_label(name, config)
+        lines.append(f"| {label} | {fmt(entry['sharpe'], 2)} | {fmt_ci(entry['sharpe_ci'])} |")
+    diff = summary["pooled"]["agent"].get("sharpe_minus_buy_and_hold")
+    if diff:
+        lines += ["", f"agent minus buy-and-hold: {diff['estimate']:+.2f}, interval {fmt_ci(diff)}"]
+    lines += ["", "## Seeds", "", "| seed | pooled Sharpe | interval | epochs chosen |", "|---:|---:|---|---|"]
+    for p in summary["per_seed"]:
+        lines.append(f"| {p['seed']} | {fmt(p['sharpe'], 2)} | {fmt_ci(p['sharpe_ci'])} | "
+                     f"{', '.join(map(str, p['selected_epochs']))} |")
+    if summary["folds"] > 1:
+        names = [n for n in POLICIES if n != "agent" and n in summary["per_fold"][0]]
+        lines += ["", "## Folds (test Sharpe)", "",
+                  "| fold | test bars | agent (median) | " + " | ".join(policy_label(n, config) for n in names) + " |",
+                  "|---:|---|---:|" + "---:|" * len(names)]
+        for f in summary["per_fold"]:
+            lines.append(f"| {f['fold']} | {f['first_time'][:10]} .. {f['last_time'][:10]} ({f['bars']}) | "
+                         f"{fmt(f['agent_median_sharpe'], 2)} | " + " | ".join(fmt(f[n], 2) for n in names) + " |")
+    lines += ["", f"Run directory: {run_dir}", ""]
+    return "\n".join(lines)

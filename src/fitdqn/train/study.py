@@ -1,0 +1,124 @@
+"""Several runs reported as one: ``evaluate.seeds`` training seeds x ``evaluate.folds`` walk-forward folds.
+
+Each (seed, fold) run is an ordinary run directory under the study's (``seed_S/fold_K``, or ``seed_S`` without
+folds) trained by :func:`fitdqn.train.run.train`; the study directory holds ``config.toml``, ``study.json``
+(its members), ``report.json`` and ``report.md`` (:mod:`fitdqn.evaluate.report`). Running the same command
+again continues a study: finished members (with a report.json) are read back, a member with a checkpoint is
+resumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+
+from fitdqn.config import Config
+from fitdqn.evaluate.baselines import periods_per_year
+from fitdqn.evaluate.report import study_markdown, study_summary, study_verdict
+from fitdqn.evaluate.walk_forward import FOLD_NAME, Fold, fold_market, folds_for, run_fold
+from fitdqn.market.loader import Market, load_market
+from fitdqn.train.checkpoint import atomic_write_text
+from fitdqn.train.run import print_report, train
+from fitdqn.train.trainer import CHECKPOINT_NAME, write_run_config
+
+STUDY_NAME = "study.json"
+
+
+def is_study(config: Config) -> bool:
+    return config.evaluate.seeds > 1 or config.evaluate.folds > 1
+
+
+def member_dir(run_dir: Path, seed_index: int, fold: Fold | None) -> Path:
+    seed = run_dir / f"seed_{seed_index}"
+    return seed if fold is None else seed / f"fold_{fold.index}"
+
+
+def member_of(config: Config, run_dir: Path) -> Config:
+    """A member's own config: one run (seeds 1, folds 1; its fold's ranges are in its fold.json) in run_dir."""
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, out=str(run_dir)),
+                               evaluate=dataclasses.replace(config.evaluate, seeds=1, folds=1))
+
+
+def member_market(config: Config, run_dir: Path) -> Market | None:
+    """The bars of a walk-forward member (``fitdqn train --resume MEMBER_DIR``): its fold's ranges; None for a
+    run that is not a fold."""
+    fold = run_fold(run_dir)
+    if fold is None:
+        return None
+    return fold_market(load_market(config.market, window=config.net.window, device="cpu"), fold, config)
+
+
+def run_study(config: Config, run_dir: Path, console: Console | None = None) -> dict[str, Any]:
+    """Train every member of the study (or read back the finished ones) and write the joint report."""
+    console = console or Console()
+    e = config.evaluate
+    console.print(f"run directory: {run_dir}", highlight=False, markup=False, soft_wrap=True)
+    market = load_market(config.market, window=config.net.window, device="cpu")
+    folds: list[Fold | None] = folds_for(config, market.num_bars) if e.folds > 1 else [None]
+    views = {f.index: fold_market(market, f, config) for f in folds if f is not None}  # every fold checked first
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_run_config(run_dir, config)
+    members = []
+    for s in range(e.seeds):
+        seed_config = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=config.train.seed + s))
+        for fold in folds:
+            sub = member_dir(run_dir, s, fold)
+            report_file = sub / "report.json"
+            if report_file.is_file():
+                report = json.loads(report_file.read_text())
+                console.print(f"{sub}: finished, read back", highlight=False, markup=False, soft_wrap=True)
+            else:
+                if fold is not None:
+                    sub.mkdir(parents=True, exist_ok=True)
+                    atomic_write_text(sub / FOLD_NAME, json.dumps(fold.to_json()))
+                member_config = member_of(seed_config, sub)
+                report = train(member_config, sub, resume=(sub / CHECKPOINT_NAME).is_file(), console=console,
+                               market=views[fold.index] if fold is not None else None)
+            members.append({"seed": s, "fold": fold.index if fold is not None else 0,
+                            "dir": str(sub.relative_to(run_dir)),
+                            "capital": report["test"]["capital"], "test": report["test"],
+                            "selected_epoch": report["selection"]["epoch"],
+                            "pnl": pd.read_csv(sub / "test_pnl.csv")})
+    summary = study_summary(members, config, periods_per_year(market.bars["timestamp"]))
+    summary["verdict"] = study_verdict(summary, config)
+    summary["members"] = [{k: m[k] for k in ("seed", "fold", "dir", "selected_epoch")} for m in members]
+    summary["folds_layout"] = [f.to_json() for f in folds if f is not None]
+    atomic_write_text(run_dir / STUDY_NAME, json.dumps(summary["members"], indent=2))
+    atomic_write_text(run_dir / "report.json", json.dumps(summary, indent=2))
+    markdown = study_markdown(summary, config, str(run_dir), market.contract)
+    atomic_write_text(run_dir / "report.md", markdown)
+    print_report(console, markdown)
+    return summary
+
+
+def evaluate_study(run_dir: Path, split: str, device_spec: str, console: Console | None = None,
+                   network: str = "best") -> dict[str, Any]:
+    """``fitdqn evaluate`` on a study: every member's network on its own ``split`` (its fold's ranges), then
+    the joint report (``evaluate_<split>.json`` and the printed verdict)."""
+    from fitdqn.train.run import evaluate_run, resume_config
+
+    console = console or Console()
+    config = resume_config(run_dir)
+    listed = json.loads((run_dir / STUDY_NAME).read_text())
+    members = []
+    for m in listed:
+        sub = run_dir / m["dir"]  # relative to the study directory
+        results = evaluate_run(sub, split, device_spec, console, network)
+        members.append({**m, "capital": results["capital"], "test": results, "selected_epoch": results["epoch"],
+                        "pnl": pd.read_csv(sub / f"evaluate_{split}_pnl.csv")})
+    summary = study_summary(members, config, members[0]["test"]["periods_per_year"])
+    summary["verdict"] = study_verdict(summary, config)
+    atomic_write_text(run_dir / f"evaluate_{split}.json", json.dumps(summary, indent=2))
+    print_report(console, study_markdown(summary, config, str(run_dir), _contract(config)))
+    return summary
+
+
+def _contract(config: Config):
+    from fitdqn.market.contract import contract_for
+
+    return contract_for(config.market.contract, config.market.data)

@@ -1,0 +1,47 @@
+"""The report's words: verdicts from intervals, the ruined account's note, labels and units."""
+
+from fitdqn.config import Config
+from fitdqn.evaluate.report import judge, metrics_table, split_verdict
+
+
+def interval(estimate, low, high):
+    return {"estimate": estimate, "low": low, "high": high, "confidence": 0.95, "samples": 2000, "block_length": 9}
+
+
+def results(agent, diff, hold_sharpe=0.5):
+    base = {"total_return": 0.1, "sortino": 1.0, "max_drawdown": 0.1, "turnover": 0.1, "trades": 3,
+            "win_rate": 0.5, "ruined_at": None}
+    return {
+        "split": "test", "bars": 750, "capital": 1e5, "currency": "USD", "periods_per_year": 252.0,
+        "policies": ["agent", "buy_and_hold", "ma_crossover"],
+        "agent": {**base, **agent, "sharpe_minus_buy_and_hold": diff},
+        "buy_and_hold": {**base, "sharpe": hold_sharpe, "sharpe_ci": interval(hold_sharpe, -0.5, 1.5)},
+        "ma_crossover": {**base, "sharpe": 0.7, "sharpe_ci": interval(0.7, -0.2, 1.6)},
+    }
+
+
+def test_judge_reads_the_interval():
+    assert judge(interval(1.2, 0.3, 2.0), "zero") == "distinguishable from zero (above it)"
+    assert judge(interval(-1.2, -2.0, -0.1), "zero") == "distinguishable from zero (below it)"
+    assert judge(interval(0.2, -0.5, 0.9), "buy-and-hold") == "not distinguishable from buy-and-hold"
+    assert judge(None, "zero").startswith("no interval")
+
+
+def test_verdict_names_both_comparisons_and_the_best_rule():
+    r = results({"sharpe": 1.8, "sharpe_ci": interval(1.8, 0.6, 3.0)}, interval(1.3, 0.1, 2.4))
+    text = split_verdict(r, Config())
+    assert text.startswith("On the test split (750 bars) the agent's Sharpe is 1.80 (95 % interval 0.60 .. 3.00): "
+                           "distinguishable from zero (above it).")
+    assert "the difference, +1.30 (interval 0.10 .. 2.40), is distinguishable from buy-and-hold (above it)" in text
+    assert text.endswith("The best rule baseline, MA 50/200, has Sharpe 0.70.")
+    weak = split_verdict(results({"sharpe": 0.3, "sharpe_ci": interval(0.3, -0.9, 1.4)}, interval(-0.2, -1.0, 0.6)),
+                         Config())
+    assert "not distinguishable from zero" in weak and "not distinguishable from buy-and-hold" in weak
+
+
+def test_a_ruined_account_gets_a_note_not_a_sharpe():
+    r = results({"sharpe": None, "sortino": None, "sharpe_ci": None, "ruined_at": 412}, None)
+    text = split_verdict(r, Config())
+    assert "lost the whole account" in text and "step 412 of 750" in text and "Sharpe is" not in text
+    table = "\n".join(metrics_table(r, Config()))
+    assert "| agent | 0.100 | - | - |" in table and "note: agent lost the whole account at step 412" in table

@@ -1,0 +1,92 @@
+"""A tiny walk-forward study (2 seeds x 2 folds, synthetic bars) through benchmarks/real_bars.py: member runs,
+best-by-validation networks, the joint report, `fitdqn evaluate` on the study, and the report's form."""
+
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from fitdqn.cli import main as cli
+from fitdqn.config import dump_config, load_config
+from fitdqn.train.run import print_report
+from fitdqn.train.study import member_market
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_bars.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("real_bars", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_walk_forward_study_end_to_end(small_config, tmp_path, capsys):
+    config = small_config()
+    toml = tmp_path / "small.toml"
+    toml.write_text(dump_config(config))
+    out = tmp_path / "bench"
+    record = load_script().main(["--data", "synthetic", "--seeds", "2", "--folds", "2", "--config", str(toml),
+                                 "--out", str(out)])
+    study_dir = out / "synthetic"
+    summary = record["studies"]["synthetic"]
+    # four member runs, each an ordinary run directory with its fold, its best network and its report
+    members = json.loads((study_dir / "study.json").read_text())
+    assert sorted((m["seed"], m["fold"]) for m in members) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    layout = summary["folds_layout"]
+    assert layout[0]["test"][1] == layout[1]["test"][0] and layout[1]["test"][1] == 1200
+    for m in members:
+        run = study_dir / m["dir"]
+        for name in ("best.pt", "checkpoint.pt", "fold.json", "report.json", "report.md", "test_pnl.csv",
+                     "equity_test.png"):
+            assert (run / name).is_file(), (run, name)
+        report = json.loads((run / "report.json").read_text())
+        fold = json.loads((run / "fold.json").read_text())
+        assert report["test"]["bars"] == fold["test"][1] - fold["test"][0] - 1
+        candidates = [(e, s) for e, s in report["selection"]["candidates"] if s is not None]
+        best = max(candidates, key=lambda c: c[1])  # chosen on validation only
+        assert report["selection"]["epoch"] == best[0] and report["selection"]["validation_sharpe"] == best[1]
+        markdown = (run / "report.md").read_text()
+        assert markdown.splitlines()[2].startswith("**Verdict.** On the test split")
+        assert f"Run directory: {run}" in markdown.splitlines()[4] and markdown.rstrip().endswith(str(run))
+        assert "Contract: generic" in markdown and "Account: capital" in markdown
+    # the joint report: pooled over folds, every baseline with an interval
+    assert set(summary["pooled"]) == {"agent", "buy_and_hold", "ma_crossover", "time_series_momentum",
+                                      "last_bar_momentum", "random"}
+    assert summary["bars"] == sum(t[1] - t[0] - 1 for t in (f["test"] for f in layout))
+    assert summary["pooled"]["agent"]["sharpe_ci"]["low"] <= summary["pooled"]["agent"]["sharpe"]
+    assert "sharpe_minus_buy_and_hold" in summary["pooled"]["agent"]
+    assert summary["verdict"].startswith("Across 2 seeds x 2 walk-forward folds")
+    table = (out / "real_bars.md").read_text()
+    assert "| synthetic | MA 50/200 |" in table and "| synthetic | last-bar momentum |" in table
+    top = (study_dir / "report.md").read_text()
+    assert top.splitlines()[2].startswith("**Verdict.** Across 2 seeds")
+    # `fitdqn evaluate` on the study re-runs each member's best network on its own fold: the same figures
+    assert cli(["evaluate", str(study_dir), "--device", "cpu"]) == 0
+    again = json.loads((study_dir / "evaluate_test.json").read_text())
+    assert again["pooled"]["agent"]["sharpe"] == pytest.approx(summary["pooled"]["agent"]["sharpe"])
+    assert again["pooled"]["ma_crossover"] == summary["pooled"]["ma_crossover"]
+    assert "Across 2 seeds x 2 walk-forward folds" in capsys.readouterr().out
+    member = study_dir / members[0]["dir"]
+    # a member is an ordinary run on its fold's bars: `fitdqn train --resume MEMBER` stays on that fold
+    member_config = load_config(member / "config.toml")
+    assert (member_config.evaluate.seeds, member_config.evaluate.folds) == (1, 1)
+    view = member_market(member_config, member)
+    assert [view.splits[k].stop for k in ("train", "validation", "test")] == [layout[0][k][1] for k in (
+        "train", "validation", "test")]
+    (member / "best.pt").unlink()
+    assert cli(["evaluate", str(member), "--device", "cpu", "--split", "validation"]) == 2
+    assert "--network last" in capsys.readouterr().err
+    assert cli(["evaluate", str(member), "--device", "cpu", "--network", "last"]) == 0
+    assert json.loads((member / "evaluate_test.json").read_text())["network"] == "last"
+
+
+def test_printed_reports_do_not_wrap_in_a_pipe():
+    long_row = "| " + " | ".join(f"column {i}" for i in range(14)) + " |"
+    assert len(long_row) > 120
+    pipe = io.StringIO()
+    print_report(Console(file=pipe, width=80), f"# title\n\n{long_row}\n")
+    assert pipe.getvalue().splitlines() == ["# title", "", long_row]
