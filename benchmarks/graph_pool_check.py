@@ -31,9 +31,10 @@ from fitdqn.budget.build import (
     cuda_graphs_component,
     make_train_step,
     trace_config,
+    tracer_for,
 )
 from fitdqn.budget.trace import per_sample_bytes, trace_step_memory
-from fitdqn.config import Config, config_to_dict, for_device, with_overrides
+from fitdqn.config import Config, for_device, with_overrides
 from fitdqn.device import probe
 from fitdqn.device.graphs import capture_graph, captured_pool_bytes
 
@@ -59,16 +60,15 @@ def child(args) -> None:
     inputs = PlanInputs.from_config(config)
     capacity = config.collect.num_envs * args.steps
     traced_config, note = trace_config(config, info)
-    key = str(config_to_dict(traced_config))
-    component = cuda_graphs_component(config, info, traced_config, key, inputs.num_bars, capacity, note)
+    tracer = tracer_for(config, info, traced_config, inputs.num_bars)
+    component = cuda_graphs_component(config, info, tracer, capacity, note)
     step_line = per_sample_bytes(make_train_step(traced_config, inputs.num_bars, capacity), TRACE_BATCHES, "cuda")
     rows = []
     for batch_size in [int(b) for b in args.batches.split(",") if b]:
         # what the plan budgets at this batch: the step line and the default pool line, or beyond
         # GRAPH_POOL_BATCHES the step traced at this batch and the pool in proportion to it (anchored)
         anchored = batch_size > max(GRAPH_POOL_BATCHES)
-        pool_line = cuda_graphs_component(config, info, traced_config, key, inputs.num_bars, capacity, note,
-                                          batch_size if anchored else None)
+        pool_line = cuda_graphs_component(config, info, tracer, capacity, note, batch_size if anchored else None)
         trace = trace_step_memory(make_train_step(traced_config, inputs.num_bars, capacity), batch_size, "cuda",
                                   record_events=True)
         usage = pool_usage(trace, expandable)

@@ -30,7 +30,8 @@ from rich.table import Table
 from fitdqn import __version__
 from fitdqn.cli_args import add_config_arguments, config_from_args
 from fitdqn.config import Config
-from fitdqn.device import DeviceInfo, load_profiles, match_profile, parse_size, probe, what_if
+from fitdqn.device import DeviceInfo, load_profiles, parse_size, probe, what_if
+from fitdqn.device.probe import what_if_device
 from fitdqn.device.sizes import format_bytes
 from fitdqn.device.threads import set_torch_threads
 from fitdqn.errors import UserError
@@ -240,17 +241,13 @@ def device_from_args(args: argparse.Namespace, config: Config) -> DeviceInfo:
     """The real probed device, or a described one when any what-if option is given."""
     if not (args.gpu or args.total_memory or args.free_memory):
         return probe(config.train.device)
-    name = args.gpu or "what-if GPU"
     total = parse_size(args.total_memory) if args.total_memory else None
     free = parse_size(args.free_memory) if args.free_memory else None
-    if total is None:
-        profile = match_profile(name, load_profiles(config.budget.profiles_dir or None))
-        total = profile.total_memory_bytes
-    return what_if(name, total, free)
+    return what_if_device(args.gpu, total, free)  # the card's facts by name (device.cards)
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from fitdqn.budget.build import plan_for_device
+    from fitdqn.budget.plan_cache import plan_for_device  # cached: a repeated plan is instant
     from fitdqn.budget.report import plot_plan, print_plan
 
     config = config_for(args)

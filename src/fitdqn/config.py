@@ -156,6 +156,9 @@ class BudgetConfig:
     max_batch: int = knob(16384, "largest batch the planner may choose")
     headroom_fraction: float = knob(0.05, "share of probed free memory kept unused (fragmentation)")
     profiles_dir: str = knob("", "extra directory of GPU profile TOML files (yours override shipped ones)")
+    trace_cache_dir: str = knob(
+        "", "where traces of the training step are cached between plans: '' = $FITDQN_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/fitdqn, else ~/.cache/fitdqn; 'off' = trace every time")
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,8 @@ class TrainConfig:
                                "(the run's total is exact at any batch)")
     min_updates: int = knob(200, "a run planned to make fewer updates than this is reported as too short")
     cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
+    oom_retries: int = knob(4, "times the OOM guard re-plans an epoch (or retries an evaluation or checkpoint) "
+                            "that ran out of device memory before the run stops")
     threads: int = knob(
         0, "CPU threads for torch; 0 = auto: OMP_NUM_THREADS if set, else the cores this process may use "
         "(CPU affinity, capped by a container's CPU quota)")

@@ -35,10 +35,11 @@ from fitdqn.budget.build import (
     cuda_graphs_component,
     make_train_step,
     trace_config,
+    tracer_for,
 )
 from fitdqn.budget.live_bytes import AllocEvent, LiveBytes
 from fitdqn.budget.trace import StepSetup, trace_step_memory
-from fitdqn.config import Config, config_to_dict, for_device, with_overrides
+from fitdqn.config import Config, for_device, with_overrides
 from fitdqn.device import what_if
 from fitdqn.device.graphs import capture_graph, captured_pool_bytes
 
@@ -341,7 +342,8 @@ def test_cuda_graphs_component_of_the_learner_step(kernels):
     config = small_config(**{"net.kernels": kernels})
     device = what_if("h200", 141 * 2**30, 140 * 2**30)
     traced, note = trace_config(config, device)
-    component = cuda_graphs_component(config, device, traced, str(config_to_dict(traced)), 6000, 128 * 64, note)
+    tracer = tracer_for(config, device, traced, 6000)
+    component = cuda_graphs_component(config, device, tracer, 128 * 64, note)
     assert component.name == "cuda_graphs"
     assert component.fixed_bytes >= LARGE_BUFFER + SMALL_BUFFER  # the page allowance at least
     assert component.per_sample_bytes >= 0
@@ -355,7 +357,7 @@ def test_cuda_graphs_component_of_the_learner_step(kernels):
     make_step = make_train_step(traced, 6000, 128 * 64)
 
     def pool_and_slack(batch: int) -> tuple[int, int]:
-        trace = trace_step_memory(make_step, batch, "cuda", record_events=True)
+        trace = trace_step_memory(make_step, batch, "cuda", record_events=True, cuda_shape=tracer.cuda_shape)
         pool = graph_pool_bytes(trace)
         return pool, pool - trace.step_bytes
 
@@ -366,7 +368,7 @@ def test_cuda_graphs_component_of_the_learner_step(kernels):
         assert 0 < beyond <= component.bytes_at(b), b
         assert component.bytes_at(b) <= max(loosest, beyond + pages, beyond + pool // 10), b
     far = 2 * GRAPH_POOL_BATCHES[1]
-    anchored = cuda_graphs_component(config, device, traced, str(config_to_dict(traced)), 6000, 128 * 64, note, far)
+    anchored = cuda_graphs_component(config, device, tracer, 128 * 64, note, far)
     pool, beyond = pool_and_slack(far)
     assert beyond <= anchored.bytes_at(far) <= beyond + LARGE_BUFFER + SMALL_BUFFER + far  # footprint to whole pages
 
@@ -374,10 +376,10 @@ def test_cuda_graphs_component_of_the_learner_step(kernels):
 def test_cuda_graphs_component_is_zero_without_graphs():
     config = small_config(**{"train.cuda_graphs": False})
     device = what_if("h200", 141 * 2**30, 140 * 2**30)
-    off = cuda_graphs_component(config, device, config, "", 6000, 128 * 64)
+    off = cuda_graphs_component(config, device, tracer_for(config, device, config, 6000), 128 * 64)
     assert (off.fixed_bytes, off.per_sample_bytes) == (0, 0) and "cuda_graphs is off" in off.derived_from
     cpu = dataclasses.replace(device, kind="cpu")
-    none = cuda_graphs_component(small_config(), cpu, config, "", 6000, 128 * 64)
+    none = cuda_graphs_component(small_config(), cpu, tracer_for(config, cpu, config, 6000), 128 * 64)
     assert (none.fixed_bytes, none.per_sample_bytes) == (0, 0) and "no CUDA graphs" in none.derived_from
 
 

@@ -53,10 +53,10 @@ def check_what_if_plan(plan: dict) -> int:
     assert plan["per_sample_bytes"] == sum(c["per_sample_bytes"] for c in plan["components"])
     remaining = plan["device"]["free_bytes"] - plan["fixed_bytes"] - plan["headroom_bytes"]
     assert plan["remaining_bytes"] == remaining
-    return components["iqn"]["per_sample_bytes"]
     # a batch beyond the fitted lines is the largest whose lines anchored at itself fit (within 1 %)
     fitting = min(remaining // plan["per_sample_bytes"], 16384)
     assert 0.99 * fitting <= plan["batch_size"] <= fitting
+    return components["iqn"]["per_sample_bytes"]
 
 
 def test_replay_is_sized_from_free_memory_and_the_batch_from_what_is_left():
@@ -153,14 +153,14 @@ def test_refining_an_auto_batch_finds_the_largest_that_fits_and_never_more(monke
     def components_at(config, device, inputs, anchor=None):
         anchors.append(anchor)
         per_sample = 60_000 if anchor is None else -(-need(anchor) // anchor)  # lines: loose; anchored: exact
-        return [Component("replay", fixed, 0, "test"), Component("batch", 0, per_sample, "test")], 0
+        return [Component("replay", fixed, 0, "test"), Component("batch", 0, per_sample, "test")], 1 << 24
 
     monkeypatch.setattr(build, "build_components", components_at)
     device = what_if("rtx3050", 8 * GIB, free)
     config = for_device(synthetic(**{"budget.batch_size": 0, "budget.max_batch": 1 << 22}), device.kind)
     profile = match_profile(device.name, load_profiles())
     lines = make_plan(device, profile, config.budget, *components_at(config, device, None))
-    plan = build.refine_auto_batch(config, device, None, profile, lines)
+    plan = build.refine_auto_batch(config, device, None, profile, lines, build.TRACE_BATCHES)
     room = free - fixed - lines.headroom_bytes
     largest = max(b for b in range(lines.batch_size, 2 * lines.batch_size) if need(b) <= room)
     assert need(plan.batch_size) <= room  # it fits

@@ -77,3 +77,43 @@ def test_unknown_memory_keeps_the_profile_and_refuses_auto():
     assert make_plan(device, profile, BudgetConfig(), parts()).batch_size == 256
     with pytest.raises(InfeasiblePlan, match="--free-memory"):
         make_plan(device, profile, BudgetConfig(batch_size=0), parts())
+
+
+def test_an_auto_batch_never_exceeds_what_the_replay_can_serve():
+    device = what_if("Some Unknown GPU", None, GIB)
+    profile = load_profiles()["default"]
+    capped = make_plan(device, profile, BudgetConfig(batch_size=0), parts(), replay_capacity=4096 * 3,
+                       sampleable=4096)
+    assert capped.max_fitting_batch > 16384 and capped.batch_size == 4096
+    assert any("capped at 4096, what the replay can serve" in note for note in capped.notes)
+    assert not any("clamped to budget.max_batch" in note for note in capped.notes)
+    # a batch the user asks for beyond it is refused: the run would make no update
+    with pytest.raises(InfeasiblePlan, match="at most 4096"):
+        make_plan(device, profile, BudgetConfig(batch_size=8192), parts(), 4096 * 3, sampleable=4096)
+
+
+def test_the_replays_sampleable_capacity_and_a_replay_that_never_fills():
+    from fitdqn.budget.build import sampleable_capacity
+    from fitdqn.config import Config, with_overrides
+
+    config = with_overrides(Config(), {"collect.num_envs": 1024, "learn.n_step": 3, "replay.min_fill": 1000})
+    # the last n_step - 1 lockstep steps wait for their n-step window (replay.sampler.sampleable_steps)
+    assert sampleable_capacity(config, 8 * 1024) == 6 * 1024
+    with pytest.raises(InfeasiblePlan, match="replay.min_fill"):
+        sampleable_capacity(with_overrides(config, {"replay.min_fill": 4000}), 4 * 1024)
+
+
+def test_a_small_replay_caps_the_planned_auto_batch(tmp_path):
+    from fitdqn.budget.build import plan_for_device
+    from fitdqn.config import Config, with_overrides
+
+    config = with_overrides(Config(), {
+        "market.data": "synthetic", "market.synthetic_bars": 600, "net.window": 4, "net.trunk_hidden": 32,
+        "net.d_model": 16, "net.stream_hidden": 16, "net.num_atoms": 11, "net.iqn_embedding": 8,
+        "net.iqn_quantiles": 8, "net.iqn_act_quantiles": 8, "net.iql_hidden": 16, "train.cuda_graphs": False,
+        "collect.num_envs": 64, "replay.capacity": 64 * 10, "replay.min_fill": 64, "budget.batch_size": 0,
+        "budget.trace_cache_dir": str(tmp_path)})
+    plan = plan_for_device(config, what_if("NVIDIA L4", None, None))
+    assert plan.replay_capacity == 640 and plan.batch_size == 64 * 8  # 10 steps less the 2 still open
+    assert any("what the replay can serve" in note for note in plan.notes)
+    assert any("no GPU profile matches 'NVIDIA L4'" in note for note in plan.notes)

@@ -98,10 +98,10 @@ def test_oom_guard_replans_and_goes_on(small_config, tmp_path, monkeypatch):
     report = train(small_config(**{"budget.batch_size": 128, "replay.min_fill": 128}), tmp_path / "run",
                    trainer_hook=inject)
     trainer = seen["trainer"]
-    assert trainer.batch_size == 64
+    assert 64 <= trainer.batch_size < 128  # re-planned by tracing (tests/train/test_oom.py), not halved
     assert report["epochs"] == 4
     events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert any(e["kind"] == "oom" and e["old_batch"] == 128 and e["new_batch"] == 64 for e in events)
+    assert any(e["kind"] == "oom" and e["old_batch"] == 128 and e["new_batch"] == trainer.batch_size for e in events)
 
 
 def test_the_run_makes_exactly_the_budgeted_updates(small_config, tmp_path):

@@ -466,7 +466,15 @@ class GraphPoolFit:
 
 def graph_pool_fit(small: StepTrace, large: StepTrace, expandable: bool = True) -> GraphPoolFit:
     """What a graph's private pool reserves beyond the step's live peak (``step_bytes``), fitted as a line
-    through two traced batches (``trace.line_above``: non-negative, above both points).
+    through two traced batches (``pool_line``)."""
+    return pool_line(tuple((t.batch_size, t.step_bytes, pool_usage(t, expandable))  # type: ignore[arg-type]
+                           for t in (small, large)), expandable)
+
+
+def pool_line(points: tuple[tuple[int, int, PoolUsage], tuple[int, int, PoolUsage]], expandable: bool = True
+              ) -> GraphPoolFit:
+    """The pool beyond the step's live peak as a line through two ``(batch, step_bytes, pool usage)`` points
+    (``trace.line_above``: non-negative, above both points).
 
     With expandable segments the fit is over the pool's footprint (its high-water end, 512-byte pages),
     which grows smoothly with the batch, and the rounding of each pool's mapped end up to whole pages is
@@ -475,11 +483,10 @@ def graph_pool_fit(small: StepTrace, large: StepTrace, expandable: bool = True) 
     """
     from fitdqn.budget.trace import line_above
 
-    traces = sorted((small, large), key=lambda t: t.batch_size)
-    usages = tuple(pool_usage(trace, expandable) for trace in traces)
-    extra = tuple((u.footprint_bytes if expandable else u.reserved_bytes) - t.step_bytes
-                  for u, t in zip(usages, traces, strict=True))
-    batches = (traces[0].batch_size, traces[1].batch_size)
+    ordered = sorted(points, key=lambda p: p[0])
+    usages = tuple(usage for _, _, usage in ordered)
+    extra = tuple((u.footprint_bytes if expandable else u.reserved_bytes) - step for (_, step, u) in ordered)
+    batches = (ordered[0][0], ordered[1][0])
     fixed, per_sample = line_above((batches[0], extra[0]), (batches[1], extra[1]))
     fixed += LARGE_BUFFER + SMALL_BUFFER if expandable else 0
     return GraphPoolFit(fixed, per_sample, expandable, batches, usages, extra)  # type: ignore[arg-type]

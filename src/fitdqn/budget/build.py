@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
@@ -31,22 +30,31 @@ from fitdqn.budget.allocator_model import (
     LARGE_BUFFER,
     SMALL_BUFFER,
     expandable_segments_enabled,
-    graph_pool_fit,
-    pool_usage,
+    pool_line,
 )
 from fitdqn.budget.component import Component
+from fitdqn.budget.kernel_scratch import CudaShape
 from fitdqn.budget.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
+from fitdqn.budget.plan_cache import data_provenance
 from fitdqn.budget.planner import InfeasiblePlan, Plan, make_plan
 from fitdqn.budget.trace import (
     StepSetup,
-    StepTrace,
     fake_device_for,
     line_above,
     trace_step_memory,
 )
+from fitdqn.budget.trace_cache import (
+    TraceCache,
+    TraceSummary,
+    cache_folder,
+    key_digest,
+    trace_key,
+    traced_config_fields,
+)
 from fitdqn.config import Config, config_to_dict, for_device
+from fitdqn.device.cards import find_card
 from fitdqn.device.probe import DeviceInfo
-from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile
+from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile, profile_with_note
 from fitdqn.device.sizes import format_bytes
 from fitdqn.market.env import GOAL_COLUMN, NUM_AGENT_FIELDS, env_state_bytes, transition_spec
 from fitdqn.market.features import NUM_FEATURES
@@ -84,7 +92,15 @@ class PlanInputs:
         from fitdqn.market.data import bars_from_config
         from fitdqn.market.loader import market_bytes
 
-        num_bars = len(bars_from_config(config.market))
+        cache = TraceCache(cache_folder(config.budget.trace_cache_dir))  # counting a dataset's bars costs seconds
+        key = trace_key(what="bars", market=config_to_dict(config)["market"],
+                        data=data_provenance(config.market.data))
+        stored = cache.get_value(key)
+        if stored is not None and isinstance(stored.get("num_bars"), int):
+            num_bars = stored["num_bars"]
+        else:
+            num_bars = len(bars_from_config(config.market))
+            cache.put_value(key, {"num_bars": num_bars})
         return cls(num_bars, market_bytes(num_bars))
 
 
@@ -176,20 +192,68 @@ def network_fixed_bytes(config: Config) -> dict[str, int]:
     return fixed
 
 
-@lru_cache(maxsize=32)
-def _step_trace(config_key: str, config: Config, num_bars: int, capacity: int, target: str, batch: int,
-                record_events: bool = False) -> StepTrace:
-    """The training step traced at one batch, with its allocation log when asked."""
-    return trace_step_memory(make_train_step(config, num_bars, capacity), batch, target, record_events=record_events)
+def _cuda_shape(device: DeviceInfo) -> CudaShape:
+    """What the reduction-scratch model reads from the target card (none known: no SM cap, an upper bound)."""
+    if device.sm_count is None:
+        return CudaShape()
+    return CudaShape(device.sm_count, device.max_threads_per_sm or CudaShape().max_threads_per_sm)
 
 
-@lru_cache(maxsize=16)
-def _act_peak(config_key: str, config: Config, num_bars: int, target: str) -> int:
-    return trace_step_memory(make_collect_step(config, num_bars), config.collect.num_envs, target).step_bytes
+@dataclass(frozen=True)
+class Tracer:
+    """Traces of one traced config's steps, each done once: from memory, else the disk cache, else traced."""
+
+    config: Config
+    num_bars: int
+    target: str  # 'cuda' | 'cpu'
+    cuda_shape: CudaShape
+    compute_capability: tuple[int, int] | None
+    cache: TraceCache
+
+    def key(self, what: str, batch: int, **fields) -> dict:
+        return trace_key(what=what, config=traced_config_fields(config_to_dict(self.config)),
+                         num_bars=self.num_bars, target=self.target, batch=batch,
+                         sm_count=self.cuda_shape.sm_count, max_threads_per_sm=self.cuda_shape.max_threads_per_sm,
+                         compute_capability=self.compute_capability, **fields)
+
+    def step(self, capacity: int, batch: int, pools: bool = False) -> TraceSummary:
+        """The training step traced at one batch; with ``pools`` what a graph pool would reserve for it."""
+        key = self.key("update", batch, capacity=capacity, pools=pools)
+        return _summary(self.cache, key, lambda: TraceSummary.of(trace_step_memory(
+            make_train_step(self.config, self.num_bars, capacity), batch, self.target,
+            cuda_shape=self.cuda_shape, record_events=pools), pools))
+
+    def act_peak(self) -> int:
+        """Peak of one collector step at ``collect.num_envs`` envs."""
+        num_envs = self.config.collect.num_envs
+        key = self.key("collect", num_envs)
+        return _summary(self.cache, key, lambda: TraceSummary.of(trace_step_memory(
+            make_collect_step(self.config, self.num_bars), num_envs, self.target, cuda_shape=self.cuda_shape),
+            False)).step_bytes
 
 
-def cuda_graphs_component(config: Config, device: DeviceInfo, traced_config: Config, config_key: str,
-                          num_bars: int, capacity: int, note: str = "", anchor: int | None = None) -> Component:
+_SUMMARIES: dict[str, TraceSummary] = {}  # this process's traces by key digest: a plan asks for one several times
+
+
+def _summary(cache: TraceCache, key: dict, trace) -> TraceSummary:
+    digest = key_digest(key)
+    summary = _SUMMARIES.get(digest) or cache.get(key)
+    if summary is None:
+        summary = trace()
+        cache.put(key, summary)
+    _SUMMARIES[digest] = summary
+    return summary
+
+
+def tracer_for(config: Config, device: DeviceInfo, traced_config: Config, num_bars: int) -> Tracer:
+    target = "cuda" if device.kind == "cuda" else "cpu"
+    shape = _cuda_shape(device) if target == "cuda" else CudaShape()
+    return Tracer(traced_config, num_bars, target, shape, device.compute_capability,
+                  TraceCache(cache_folder(config.budget.trace_cache_dir)))
+
+
+def cuda_graphs_component(config: Config, device: DeviceInfo, tracer: Tracer, capacity: int, note: str = "",
+                          anchor: int | None = None) -> Component:
     """The update graph's private pool beyond the step's live peak (module docstring), or 0 bytes and why:
     a line through ``GRAPH_POOL_BATCHES``, or with ``anchor`` in proportion to the batch from that one."""
     if device.kind != "cuda":
@@ -200,15 +264,15 @@ def cuda_graphs_component(config: Config, device: DeviceInfo, traced_config: Con
     mode = "expandable segments" if expandable else "default allocator, no expandable segments"
     pages = LARGE_BUFFER + SMALL_BUFFER if expandable else 0
     if anchor is None:
-        small, large = (_step_trace(config_key, traced_config, num_bars, capacity, "cuda", b, True)
-                        for b in GRAPH_POOL_BATCHES)
-        fit = graph_pool_fit(small, large, expandable)
+        small, large = (tracer.step(capacity, b, pools=True) for b in GRAPH_POOL_BATCHES)
+        fit = pool_line(((small.batch_size, small.step_bytes, small.pool(expandable)),
+                         (large.batch_size, large.step_bytes, large.pool(expandable))), expandable)
         fixed, per_sample, allocations = fit.fixed_bytes, fit.per_sample_bytes, fit.usages[1].allocations
         at = f"at batch {fit.batches[0]} and {fit.batches[1]}"
     else:
-        trace = _step_trace(config_key, traced_config, num_bars, capacity, "cuda", anchor, True)
-        usage = pool_usage(trace, expandable)
-        beyond = (usage.footprint_bytes if expandable else usage.reserved_bytes) - trace.step_bytes
+        summary = tracer.step(capacity, anchor, pools=True)
+        usage = summary.pool(expandable)
+        beyond = (usage.footprint_bytes if expandable else usage.reserved_bytes) - summary.step_bytes
         fixed, per_sample, allocations = pages, -(-max(beyond, 0) // anchor), usage.allocations
         at = f"at batch {anchor}, in proportion"
     text = (f"allocator model over the traced step's {allocations} allocations ({mode}): "
@@ -218,11 +282,11 @@ def cuda_graphs_component(config: Config, device: DeviceInfo, traced_config: Con
     return Component("cuda_graphs", fixed, per_sample, text + (f" ({note})" if note else ""))
 
 
-def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anchor: int | None = None
-                     ) -> tuple[list[Component], int]:
+def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anchor: int | None = None,
+                     lines_at: tuple[int, int] = TRACE_BATCHES) -> tuple[list[Component], int]:
     """Every consumer, in any order (the planner orders them), and the planned replay capacity.
 
-    The step's components are lines through traces at ``TRACE_BATCHES`` (the graph pool's at
+    The step's components are lines through traces at ``lines_at`` (the graph pool's at
     ``GRAPH_POOL_BATCHES``), or, with ``anchor``, in proportion to one trace at ``anchor``: exact there, for
     checking or choosing a batch there (``plan_for_device``). Lines through two traces would not be exact at
     either when the step's peak moves to another phase between them (per group, the shares change)."""
@@ -238,18 +302,17 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     her = her_component(config, spec)
 
     traced_config, note = trace_config(config, device)
-    target = "cuda" if device.kind == "cuda" else "cpu"
-    key = str(config_to_dict(traced_config))
+    tracer = tracer_for(config, device, traced_config, inputs.num_bars)
     graphs = device.kind == "cuda" and config.train.cuda_graphs
-    act_peak = _act_peak(key, traced_config, inputs.num_bars, target)
+    act_peak = tracer.act_peak()
     if anchor is None:  # lines through two traces, above both
-        first, second = (_step_trace(key, traced_config, inputs.num_bars, capacity, target, b) for b in TRACE_BATCHES)
+        first, second = (tracer.step(capacity, b, pools=graphs and b in GRAPH_POOL_BATCHES) for b in lines_at)
         lines = {name: line_above((first.batch_size, first.step_by_group.get(name, 0)),
                                   (second.batch_size, second.step_by_group.get(name, 0)))
                  for name in (*MEMORY_GROUPS, "other")}
-        how = f"traced update at batch {TRACE_BATCHES[0]} and {TRACE_BATCHES[1]}"
+        how = f"traced update at batch {lines_at[0]} and {lines_at[1]}"
     else:  # in proportion to one trace at the anchor: exact there, whichever phase holds the step's peak
-        trace = _step_trace(key, traced_config, inputs.num_bars, capacity, target, anchor, graphs)
+        trace = tracer.step(capacity, anchor, pools=graphs)
         lines = {name: (0, -(-max(trace.step_by_group.get(name, 0), 0) // anchor))
                  for name in (*MEMORY_GROUPS, "other")}
         how = f"traced update at batch {anchor}, in proportion"
@@ -278,8 +341,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
         max(other_per_sample - sampling, 0),
         f"sampled batch, observations, losses, optimizer temporaries: {how}, less replay/her scratch",
     ))
-    components.append(cuda_graphs_component(config, device, traced_config, key, inputs.num_bars, capacity, note,
-                                            anchor))
+    components.append(cuda_graphs_component(config, device, tracer, capacity, note, anchor))
     return components, capacity
 
 
@@ -289,7 +351,7 @@ def profile_driver_bytes(config: Config, device: DeviceInfo) -> tuple[int, str]:
     if device.kind != "cuda":
         return 0, ""
     profiles = load_profiles(config.budget.profiles_dir or None)
-    profile = match_profile(device.name, profiles)
+    profile = match_profile(profile_name_of(device, profiles), profiles)
     if profile.driver_bytes is None:
         profile = profiles[DEFAULT_PROFILE]
     return profile.driver_bytes or 0, profile_driver_source(profile)
@@ -317,29 +379,70 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
     (``refine_auto_batch``)."""
     config = for_device(config, device.kind)
     profiles = load_profiles(config.budget.profiles_dir or None)
-    profile = match_profile(device.name, profiles)
+    profile, profile_note = profile_with_note(profile_name_of(device, profiles), profiles) \
+        if device.kind == "cuda" else (match_profile(device.name, profiles), "")
     inputs = inputs or PlanInputs.from_config(config)
     budget = config.budget
     wanted = budget.batch_size if budget.batch_size > 0 else profile.batch_size if budget.batch_size == -1 else 0
     anchor = wanted if wanted > max(GRAPH_POOL_BATCHES) and device.free_bytes is not None else None
-    components = None
-    try:
-        components, capacity = build_components(config, device, inputs, anchor)
-        plan = make_plan(device, profile, budget, components, capacity)
-    except (InfeasiblePlan, ReplayTooSmall) as error:  # say what would be enough, not only what is short
-        if components is None and device.free_bytes is not None:  # the replay failed before the step was traced
-            components, _ = build_components(config, dataclasses.replace(device, free_bytes=None), inputs, anchor)
-        needed = least_free_bytes(config, device, profile, components) if components is not None else None
-        if needed is None:
-            raise
+    plan = None
+    if wanted == 0 and device.free_bytes is not None and device.kind == "cuda" and config.train.cuda_graphs:
+        # an auto batch on a graphed GPU: the graph pool's traces (GRAPH_POOL_BATCHES) come first, so lines
+        # through them guess the batch; beyond them it is searched by anchored traces (refine_auto_batch) and
+        # the traces at TRACE_BATCHES are never needed
+        try:
+            components, capacity = build_components(config, device, inputs, lines_at=GRAPH_POOL_BATCHES)
+            guess = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
+        except (InfeasiblePlan, ReplayTooSmall):
+            guess = None  # a small card: the lines at TRACE_BATCHES below decide (and say why, if nothing fits)
+        if guess is not None and guess.batch_size > max(GRAPH_POOL_BATCHES):
+            plan = refine_auto_batch(config, device, inputs, profile, guess, GRAPH_POOL_BATCHES)
+    if plan is None:
+        components = None
+        try:
+            components, capacity = build_components(config, device, inputs, anchor)
+            make_plan(device, profile, budget, components, capacity)  # the memory's verdict first
+        except (InfeasiblePlan, ReplayTooSmall) as error:  # say what would be enough, not only what is short
+            if components is None and device.free_bytes is not None:  # the replay failed before the step was traced
+                components, _ = build_components(config, dataclasses.replace(device, free_bytes=None), inputs,
+                                                 anchor)
+            needed = least_free_bytes(config, device, profile, components) if components is not None else None
+            if needed is None:
+                raise
+            raise InfeasiblePlan(
+                f"{format_bytes(device.free_bytes)} free on {device.name} is too little for this config: it needs "
+                f"about {format_bytes(needed)} free (at that, `fitdqn plan --free-memory "
+                f"{math.ceil(needed / 2**20)}MiB` shows its plan). {error}"
+            ) from None
+        plan = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
+        if (plan.batch_source == "auto" and plan.batch_size > max(GRAPH_POOL_BATCHES)
+                and device.free_bytes is not None):
+            plan = refine_auto_batch(config, device, inputs, profile, plan, TRACE_BATCHES)
+    notes = tuple(note for note in (device.described_from, profile_note) if note)
+    return dataclasses.replace(plan, notes=(*notes, *plan.notes)) if notes else plan
+
+
+def profile_name_of(device: DeviceInfo, profiles) -> str:
+    """The name a profile is matched on: a what-if alias (``rtx3050ti``) by its card's real name, unless a profile
+    bears the alias itself."""
+    card = find_card(device.name) if device.what_if else None
+    return card.name if card is not None and device.name.strip().lower() not in profiles else device.name
+
+
+def sampleable_capacity(config: Config, capacity: int) -> int:
+    """The most transitions a replay of ``capacity`` serves at once (``replay.sampler.sampleable_steps`` when
+    full: the last ``n_step - 1`` lockstep steps wait for their window); refuses a replay that can never reach
+    ``replay.min_fill`` (the trainer would wait for it forever)."""
+    num_envs = config.collect.num_envs
+    sampleable = max(capacity // num_envs - (config.learn.n_step - 1), 0) * num_envs
+    if sampleable < config.replay.min_fill:
         raise InfeasiblePlan(
-            f"{format_bytes(device.free_bytes)} free on {device.name} is too little for this config: it needs about "
-            f"{format_bytes(needed)} free (at that, `fitdqn plan --free-memory {math.ceil(needed / 2**20)}MiB` "
-            f"shows its plan). {error}"
-        ) from None
-    if plan.batch_source == "auto" and plan.batch_size > max(GRAPH_POOL_BATCHES) and device.free_bytes is not None:
-        plan = refine_auto_batch(config, device, inputs, profile, plan)
-    return plan
+            f"the replay holds {capacity} transitions, of which at most {sampleable} can be sampled at once "
+            f"(the last {config.learn.n_step - 1} steps of {num_envs} envs wait for their n-step window), "
+            f"below replay.min_fill = {config.replay.min_fill}: no update would ever run; raise replay.capacity "
+            "or lower replay.min_fill"
+        )
+    return sampleable
 
 
 LEAST_FREE_RESOLUTION = 2**20  # bytes: how close least_free_bytes gets
@@ -381,7 +484,8 @@ AUTO_REFINE_ROUNDS = 5
 AUTO_REFINE_CONVERGED = 0.01  # stop when the next anchor would move the batch by less than this fraction
 
 
-def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, profile, plan: Plan) -> Plan:
+def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, profile, plan: Plan,
+                      lines_at: tuple[int, int]) -> Plan:
     """The largest auto batch whose traced need fits, by re-anchoring the step's lines at the candidate.
 
     Round k plans with components in proportion to a trace at ``B_k``, exact at ``B_k``: the plan's batch
@@ -393,7 +497,8 @@ def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, pr
     anchor, fitted = plan.batch_size, None
     for _ in range(AUTO_REFINE_ROUNDS):
         components, capacity = build_components(config, device, inputs, anchor)
-        candidate = make_plan(device, profile, config.budget, components, capacity)
+        candidate = make_plan(device, profile, config.budget, components, capacity,
+                              sampleable_capacity(config, capacity))
         if candidate.max_fitting_batch is not None and candidate.max_fitting_batch >= anchor:
             if fitted is None or anchor > fitted[0]:
                 fitted = (anchor, candidate)
@@ -407,5 +512,5 @@ def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, pr
                          f"{AUTO_REFINE_ROUNDS} rounds)"))
     batch, candidate = fitted
     note = (f"auto batch {batch}: the step traced at {batch} samples fits "
-            f"(the lines fitted at {TRACE_BATCHES[1]} samples gave {plan.batch_size})")
+            f"(the lines fitted at {max(lines_at)} samples gave {plan.batch_size})")
     return dataclasses.replace(candidate, batch_size=batch, notes=(*candidate.notes, note))

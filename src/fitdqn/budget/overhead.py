@@ -25,6 +25,8 @@ import os
 from fitdqn.budget.component import Component
 
 DEFAULT_STREAMS = 2
+HOPPER_RULE = ":4096:8"  # PyTorch's CUBLAS_WORKSPACE_CONFIG default on compute capability 9.0
+OTHER_RULE = ":4096:2:16:8"  # ... and on every other
 
 
 def parse_workspace_config(text: str) -> int:
@@ -40,8 +42,11 @@ def cublas_workspace_bytes(compute_capability: tuple[int, int] | None) -> tuple[
     configured = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if configured:
         return parse_workspace_config(configured), f"CUBLAS_WORKSPACE_CONFIG={configured}"
+    if compute_capability is None:  # a described GPU the card table does not know: the larger rule, safe side
+        return (parse_workspace_config(HOPPER_RULE),
+                f"PyTorch default {HOPPER_RULE} of sm_90 (compute capability unknown)")
     hopper = compute_capability == (9, 0)
-    rule = ":4096:8" if hopper else ":4096:2:16:8"
+    rule = HOPPER_RULE if hopper else OTHER_RULE
     return parse_workspace_config(rule), f"PyTorch default {rule} for sm_{'90' if hopper else 'other'}"
 
 

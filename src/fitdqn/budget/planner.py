@@ -101,8 +101,13 @@ def make_plan(
     budget: BudgetConfig,
     components: list[Component],
     replay_capacity: int | None = None,
+    sampleable: int | None = None,
 ) -> Plan:
-    """Choose the batch size last, from what the fixed consumers leave; refuse what does not fit."""
+    """Choose the batch size last, from what the fixed consumers leave; refuse what does not fit.
+
+    ``sampleable``: the most transitions the replay can serve at once (its capacity less the n-step windows not
+    yet complete); an auto batch is capped by it, a profile or user batch beyond it is refused (the trainer would
+    wait for a fill the replay never reaches and make no update)."""
     ordered = order_components(components)
     fixed = sum(c.fixed_bytes for c in ordered)
     per_sample = sum(c.per_sample_bytes for c in ordered)
@@ -136,6 +141,18 @@ def make_plan(
                 "(and --total-memory SIZE) for a GPU you do not have"
             )
         batch, source = min(max(max_fitting, budget.min_batch), budget.max_batch), "auto"
+        if sampleable is not None and batch > sampleable:
+            notes.append(f"auto batch capped at {sampleable}, what the replay can serve (its capacity "
+                         f"{replay_capacity} less the n-step windows still open); up to "
+                         f"{min(max_fitting, budget.max_batch)} would fit in memory: raise replay.capacity for more")
+            batch = sampleable
+    if sampleable is not None and sampleable < max(budget.min_batch if source == "auto" else batch, 1):
+        raise InfeasiblePlan(
+            f"the replay can serve at most {sampleable} transitions at once (capacity {replay_capacity} less the "
+            f"n-step windows still open), fewer than the batch of {batch if source != 'auto' else budget.min_batch}"
+            f" ({source}): no update would ever run; raise replay.capacity, or use a smaller --batch-size "
+            f"(at most {sampleable})"
+        )
 
     if max_fitting is not None and batch > max_fitting:
         how = {
@@ -150,7 +167,7 @@ def make_plan(
             "use --batch-size 0 (auto) or a batch <= "
             f"{max_fitting}, or lower budget.replay_buffer_vram_fraction / replay.capacity"
         )
-    if source == "auto" and max_fitting is not None and max_fitting > budget.max_batch:
+    if source == "auto" and max_fitting is not None and max_fitting > budget.max_batch and batch == budget.max_batch:
         notes.append(f"auto batch clamped to budget.max_batch = {budget.max_batch} (up to {max_fitting} fit)")
     return Plan(
         device=device, profile=profile, batch_size=int(batch), batch_source=source, components=ordered,

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from fitdqn.device.cards import find_card, known_names
 from fitdqn.errors import UserError
 
 
@@ -28,6 +29,11 @@ class DeviceInfo:
     # graph's pool before capturing it (``device.graphs``); ``free_bytes`` is at most the cap less what the
     # allocator reserved.
     allocator_limit_bytes: int | None = None
+    # what the reduction launcher reads (budget.kernel_scratch): None = unknown (no SM cap, an upper bound)
+    sm_count: int | None = None
+    max_threads_per_sm: int | None = None
+    # how a what-if device's facts were found (the card table entry, or why none), "" for a probed device
+    described_from: str = ""
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -84,7 +90,8 @@ def probe(spec: str = "auto") -> DeviceInfo:
         return DeviceInfo(
             name=props.name, kind="cuda", index=device.index, total_bytes=int(total), free_bytes=int(free),
             compute_capability=(props.major, props.minor), bf16=torch.cuda.is_bf16_supported(),
-            allocator_limit_bytes=limit,
+            allocator_limit_bytes=limit, sm_count=props.multi_processor_count,
+            max_threads_per_sm=props.max_threads_per_multi_processor,
         )
     total, free = system_memory()
     return DeviceInfo(
@@ -104,19 +111,43 @@ def allocator_limit(device: torch.device, total_bytes: int) -> int | None:
 
 
 def what_if(name: str, total_bytes: int | None, free_bytes: int | None) -> DeviceInfo:
-    """A described GPU: free defaults to total (an idle card), total to free; both may stay unknown."""
+    """A described GPU: free defaults to total (an idle card), total to free; both may stay unknown.
+
+    A name the card table knows (``device.cards``: ``h100``, ``NVIDIA A100-SXM4-40GB``, ...) gives the card's
+    compute capability, SM count and, when no size is given, its total memory; ``described_from`` says which
+    card was used, or that none was (then the plan takes the larger cuBLAS workspace rule and no SM cap)."""
+    card = find_card(name)
+    given_total = total_bytes is not None
+    if total_bytes is None and card is not None:
+        total_bytes = card.total_bytes
     if total_bytes is None and free_bytes is not None:
         total_bytes = free_bytes
     if free_bytes is None:
         free_bytes = total_bytes
     if total_bytes is not None and free_bytes is not None and free_bytes > total_bytes:
-        raise UserError(
-            f"--free-memory ({free_bytes} bytes) exceeds --total-memory ({total_bytes} bytes): lower one"
-        )
+        whose = f", the card table's {card.name}" if card is not None else ""
+        raise UserError(f"--free-memory ({free_bytes} bytes) exceeds the total memory ({total_bytes} bytes{whose}): "
+                        "lower --free-memory or give --total-memory")
+    if card is None:
+        described = (f"warning: '{name}' is not in fitdqn's card table: compute capability and SM count unknown, so "
+                     "the larger cuBLAS workspace rule (sm_90's) and no SM cap on reduction scratch (upper bounds)"
+                     + ("" if given_total else "; total memory unknown: give --total-memory SIZE")
+                     + f"; known cards: {known_names()}")
+        return DeviceInfo(name=name, kind="cuda", index=0, total_bytes=total_bytes, free_bytes=free_bytes,
+                          compute_capability=None, bf16=True, what_if=True, described_from=described)
     return DeviceInfo(
         name=name, kind="cuda", index=0, total_bytes=total_bytes, free_bytes=free_bytes,
-        compute_capability=None, bf16=True, what_if=True,
+        compute_capability=card.compute_capability, bf16=card.compute_capability >= (8, 0), what_if=True,
+        sm_count=card.sm_count, max_threads_per_sm=card.max_threads_per_sm,
+        described_from=f"what-if '{name}': {card.name}, sm_{card.compute_capability[0]}{card.compute_capability[1]}"
+                       f", {card.sm_count} SMs, {card.total_bytes / 2**30:.1f} GiB total ({card.source})",
     )
+
+
+def what_if_device(name: str | None, total_bytes: int | None, free_bytes: int | None) -> DeviceInfo:
+    """``what_if`` for the command line (``--gpu``, ``--total-memory``, ``--free-memory``): a card the table does
+    not know is planned on the safe side with a warning in the plan's notes (``described_from``)."""
+    return what_if(name or "what-if GPU", total_bytes, free_bytes)
 
 
 def system_memory() -> tuple[int, int]:

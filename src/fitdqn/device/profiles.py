@@ -118,3 +118,13 @@ def match_profile(device_name: str, profiles: dict[str, Profile]) -> Profile:
         if name != DEFAULT_PROFILE and profiles[name].matches(device_name):
             return profiles[name]
     return profiles[DEFAULT_PROFILE]
+
+
+def profile_with_note(device_name: str, profiles: dict[str, Profile]) -> tuple[Profile, str]:
+    """``match_profile`` and, when no profile of its own matched, a note naming the one used instead."""
+    profile = match_profile(device_name, profiles)
+    if profile.name != DEFAULT_PROFILE:
+        return profile, ""
+    return profile, (f"no GPU profile matches '{device_name}': the '{DEFAULT_PROFILE}' profile is used (batch "
+                     f"{profile.batch_size}, {profile.source['description']}); `fitdqn profile` on the card writes "
+                     "its own")

@@ -2,25 +2,39 @@
 re-plan the batch from what is free now, rebuild what the batch size touches (the update graph), log it,
 and go on from the last consistent state.
 
+Re-planning traces the update at the candidate batch, as the planner does (``budget.build.build_components``
+anchored there, with the replay capacity the trainer holds): the batch whose traced step, with its graph pool,
+fits in what is free now, not a guess such as half the old one. The batch it settles on is the trainer's
+``oom_batch_size``, which the checkpoint keeps and a resumed run uses.
+
 What is consistent: an update that raised out-of-memory has not finished its optimizer step, or raised
 inside it before any parameter moved (the allocations come first); the collected experience, the replay and
-every finished update stand. Only the remaining updates of the epoch run again, at the new batch.
+every finished update stand. Only the remaining updates of the epoch run again, at the new batch. An
+evaluation or a checkpoint that runs out of memory runs again once the update graph's pool and the cache are
+released; if it still does not fit, the run stops with a message, and the last checkpoint stands.
 """
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from fitdqn.budget.build import PlanInputs, build_components
+from fitdqn.device.probe import system_memory
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 
+REPLAN_ROUNDS = 4  # traced candidates per re-plan (as budget.build.refine_auto_batch)
+REPLAN_CONVERGED = 0.01  # stop when the next candidate would move the batch by less than this fraction
+
 
 class OomGuard:
-    def __init__(self, trainer, console, logger, max_retries: int = 4) -> None:
+    def __init__(self, trainer, console, logger) -> None:
         self.trainer, self.console, self.logger = trainer, console, logger
-        self.max_retries = max_retries
+        self.max_retries = trainer.config.train.oom_retries
 
     def run_epoch(self):
         trainer = self.trainer
@@ -32,28 +46,56 @@ class OomGuard:
                     raise
                 old = trainer.batch_size
                 new = self.replan()
-                message = f"out of device memory at batch {old}: re-planned to batch {new} from the memory free now"
+                message = (f"out of device memory at batch {old}: re-planned to batch {new}, the largest whose "
+                           "traced update fits in the memory free now")
                 self.console.print(message, style="yellow")
                 self.logger.log(trainer.epoch, "oom", {"old_batch": old, "new_batch": new})
         raise AssertionError("unreachable")
 
-    def replan(self) -> int:
-        """Free what the batch touches, measure what is free now, pick a smaller batch; refuse below min."""
-        trainer = self.trainer
-        trainer.update_graph = None
+    def run(self, what: str, call: Callable[..., Any], *args, **kwargs) -> Any:
+        """``call(*args, **kwargs)`` (an evaluation, a checkpoint), run again after releasing the update graph's
+        pool and the allocator's cache if it runs out of device memory."""
+        for attempt in range(self.max_retries + 1):
+            try:
+                return call(*args, **kwargs)
+            except torch.OutOfMemoryError:
+                if attempt == self.max_retries:
+                    raise UserError(
+                        f"the {what} ran out of device memory {self.max_retries + 1} times, even with the update "
+                        f"graph released ({format_bytes(self.free_bytes())} free now): another process holds the "
+                        "memory; free it and continue the run with --resume (the last checkpoint stands)"
+                    ) from None
+                self.release()
+                self.console.print(f"out of device memory in the {what}: released the update graph and the "
+                                   "allocator's cache, trying again", style="yellow")
+                self.logger.log(self.trainer.epoch, "oom", {"in": what, "batch": self.trainer.batch_size})
+        raise AssertionError("unreachable")
+
+    def release(self) -> None:
+        """Drop what the batch touches (the update graph and its pool; recaptured at the next update)."""
+        self.trainer.update_graph = None
         gc.collect()
+        if self.trainer.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def replan(self) -> int:
+        """Free what the batch touches, measure what is free now, and trace candidate batches below the old one
+        until the largest whose step fits is found; refuse below ``budget.min_batch``."""
+        trainer = self.trainer
+        self.release()
         free = self.free_bytes()
         budget = trainer.config.budget
-        headroom = int(budget.headroom_fraction * free)
-        fits = max((free - headroom) // max(trainer.plan.per_sample_bytes, 1), 0)
-        new = min(trainer.batch_size // 2, fits)
-        if new < budget.min_batch:
+        room = free - int(budget.headroom_fraction * free)
+        new = fitting_batch(lambda batch: step_need(trainer, batch), room, trainer.batch_size - 1,
+                            max(trainer.plan.per_sample_bytes, 1), budget.min_batch)
+        if new is None:
             raise UserError(
                 f"the device ran out of memory and only {format_bytes(free)} is free now: a batch of "
                 f"{budget.min_batch} (budget.min_batch) no longer fits; free memory on the device (another "
                 f"process took it) and resume with --resume"
             )
         trainer.set_batch_size(int(new))
+        trainer.oom_batch_size = int(new)
         return int(new)
 
     def free_bytes(self) -> int:
@@ -62,6 +104,39 @@ class OomGuard:
             torch.cuda.empty_cache()
             free, _total = torch.cuda.mem_get_info(device)  # host sync: driver query
             return int(free)
-        from fitdqn.device.probe import system_memory
-
         return system_memory()[1]
+
+
+def step_need(trainer, batch: int) -> int:
+    """Bytes the update at ``batch`` takes beyond what the trainer already holds: every component's per-sample
+    bytes with the step traced at ``batch`` (the plan's own components, anchored there), and the graph pool's
+    pages. The replay, collector and networks are allocated already: their fixed bytes are not asked again."""
+    inputs = PlanInputs.from_market(trainer.market, trainer.config)
+    components, _capacity = build_components(trainer.config, trainer.device_info, inputs, anchor=batch)
+    pages = sum(c.fixed_bytes for c in components if c.name == "cuda_graphs")
+    return sum(c.per_sample_bytes for c in components) * batch + pages
+
+
+def fitting_batch(need: Callable[[int], int], room: int, below: int, per_sample_guess: int,
+                  min_batch: int) -> int | None:
+    """The largest batch under ``below`` whose traced ``need(batch)`` fits in ``room``, or None below
+    ``min_batch``. The first candidate is ``room / per_sample_guess``; each next one is what the last trace says
+    fits (each check is exact at its own batch), stopping when that moves it by less than ``REPLAN_CONVERGED``."""
+    candidate = min(below, room // per_sample_guess)
+    fitted = None
+    for _ in range(REPLAN_ROUNDS):
+        if candidate < min_batch:
+            break
+        needed = need(candidate)
+        fits = candidate * room // max(needed, 1)  # in proportion to the trace at the candidate
+        if needed <= room:
+            fitted = max(fitted or 0, candidate)
+            if fits <= candidate * (1 + REPLAN_CONVERGED) or candidate >= below:
+                break
+        nxt = min(below, fits)
+        if nxt == candidate:
+            break
+        candidate = nxt
+    if fitted is None and below >= min_batch and need(min_batch) <= room:
+        return min_batch  # the rounds overshot each time: the smallest batch allowed, checked by its own trace
+    return fitted

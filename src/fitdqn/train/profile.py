@@ -6,7 +6,9 @@ largest that fits. On the present CUDA GPU:
 1. plan with ``budget.batch_size = 0`` to get ``max_fitting_batch`` (capped by ``budget.max_batch``) and build
    one ``Trainer`` from that plan (replay, collector, networks allocated once, in plan order);
 2. fill the replay (collector epochs) until the largest batch can be sampled;
-3. for each batch size (powers of two from ``budget.min_batch`` up to the cap, or ``--batches``):
+3. for each batch size (powers of two from ``budget.min_batch`` up to the cap, or ``--batches``; without
+   ``--batches``, past ``budget.max_batch`` too, doubling while the full-epoch samples/s still rises by more than
+   ``RISE`` and the batch fits in memory and in what the replay can serve, ``next_batch_beyond``):
    - **update alone**: ``Trainer.set_batch_size``, capture the update graph (``Trainer.train_updates``: two
      warm-up updates, then the capture), then ``--update-iters`` graph replays, each timed with CUDA events;
      the median in ms (eager ``Trainer.update_step`` if ``train.cuda_graphs`` is off);
@@ -37,6 +39,7 @@ from typing import Any
 import tomli_w
 import torch
 
+from fitdqn.budget.build import sampleable_capacity
 from fitdqn.config import Config, with_overrides
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.device.profiles import Profile, parse_profile
@@ -44,6 +47,7 @@ from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 
 TOLERANCE = 0.05  # a batch within 5 % of the best full-epoch samples/s is as good as the best
+RISE = 0.01  # past budget.max_batch, batches are doubled while samples/s rises by more than this per doubling
 PROFILE_STEPS_PER_EPOCH = 16  # env steps per epoch while profiling, unless --collect.steps_per_epoch is given
 MEASUREMENT_KEYS = ("batch", "update_ms", "epoch_samples_per_s", "env_steps_per_s", "peak_bytes")
 VENDOR_WORDS = ("nvidia", "geforce", "tesla", "quadro")
@@ -70,6 +74,19 @@ def parse_batch_list(text: str) -> list[int]:
     if not values or values[0] < 1:
         raise UserError(f"--batches {text!r}: give positive batch sizes, e.g. 256,1024,4096")
     return values
+
+
+def next_batch_beyond(rows: list[dict[str, Any]], limit: int) -> int | None:
+    """The next batch to measure past the last one (twice it), while throughput still rises: the last row
+    measured, without error, more than ``RISE`` above the row before in full-epoch samples/s, and the next batch
+    within ``limit`` (what fits in memory and what the replay can serve). None: stop."""
+    if len(rows) < 2 or any("error" in r for r in rows[-2:]):
+        return None
+    last, before = rows[-1].get("epoch_samples_per_s"), rows[-2].get("epoch_samples_per_s")
+    if not isinstance(last, (int, float)) or not isinstance(before, (int, float)) or last <= (1 + RISE) * before:
+        return None
+    following = 2 * int(rows[-1]["batch"])
+    return following if following <= limit else None
 
 
 def choose_batch(rows: list[dict[str, Any]], tolerance: float = TOLERANCE) -> int:
@@ -235,13 +252,19 @@ def measure_batches(config: Config, device: DeviceInfo, batches: list[int] | Non
     trainer = Trainer(config, device)
     plan = trainer.plan
     cap = min(plan.max_fitting_batch or config.budget.max_batch, config.budget.max_batch)
+    extend = batches is None  # past the cap while throughput still rises (next_batch_beyond)
     if batches is None:
         batches = power_of_two_batches(config.budget.min_batch, cap)
         if not batches:
             raise UserError(f"no batch from budget.min_batch = {config.budget.min_batch} fits (largest: {cap})")
+    limit = min(plan.max_fitting_batch or cap, sampleable_capacity(trainer.config, plan.replay_capacity or 0))
     fill_replay(trainer, max(batches))
     rows = []
-    for batch in batches:
+    queue = list(batches)
+    while queue:
+        batch = queue.pop(0)
+        if batch > max(batches):
+            fill_replay(trainer, batch)
         if console is not None:
             console.print(f"batch {batch} ...", highlight=False)
         try:
@@ -254,8 +277,12 @@ def measure_batches(config: Config, device: DeviceInfo, batches: list[int] | Non
             if trainer.device.type == "cuda":
                 torch.cuda.empty_cache()
         if batch > cap:
-            row["note"] = f"above the planned largest batch {cap}"
+            row["note"] = (f"beyond budget.max_batch = {config.budget.max_batch}: throughput still rose"
+                           if extend else f"above the planned largest batch {cap}")
         rows.append(row)
+        if extend and not queue:
+            following = next_batch_beyond(rows, limit)
+            queue += [following] if following is not None else []
     return rows, trainer, driver_side_bytes(before, driver_memory(device))
 
 

@@ -68,7 +68,8 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     print_plan(trainer.plan, console, trainer.schedule, trainer.reward_info)
     if resume:
         trainer.restore(run_dir)
-        console.print(f"resumed from {run_dir / CHECKPOINT_NAME} at epoch {trainer.epoch}")
+        console.print(f"resumed from {run_dir / CHECKPOINT_NAME} at epoch {trainer.epoch}" + (
+            f", at batch {trainer.batch_size} (the OOM guard's)" if trainer.oom_batch_size else ""))
     config = trainer.config  # with the device's auto values resolved: what a resume must use
     write_run_config(run_dir, config)
     plan_record = {**trainer.plan.to_json(),
@@ -92,8 +93,8 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
                 stats = guard.run_epoch()
                 record = {"epoch": stats.epoch, "updates": stats.updates, "seconds": stats.seconds, **stats.values}
                 if stats.epoch % config.train.eval_every == 0 or stats.epoch == config.train.epochs:
-                    validation = evaluate_split(trainer.learner, trainer.market_on_device, config, "validation",
-                                                baselines=False, progress=progress).results
+                    validation = guard.run("evaluation", evaluate_split, trainer.learner, trainer.market_on_device,
+                                           config, "validation", baselines=False, progress=progress).results
                     record["validation_sharpe"] = validation["agent"]["sharpe"]
                     record["validation_return"] = validation["agent"]["total_return"]
                     keep_best(trainer, run_dir, record)
@@ -104,7 +105,7 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
                     console.print(f"epoch {stats.epoch}/{config.train.epochs}  {status_line(record)}",
                                   highlight=False)
                 if stats.epoch % config.train.checkpoint_every == 0:
-                    trainer.save(run_dir)
+                    guard.run("checkpoint", trainer.save, run_dir)
                 if on_epoch is not None and on_epoch(record):
                     break
                 if deadline is not None and time.monotonic() > deadline:
@@ -115,13 +116,13 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
         logger.close()
         console.print(f"interrupted: checkpoint saved at epoch {trainer.epoch}; resume with --resume {run_dir}")
         raise
-    trainer.save(run_dir)
+    guard.run("checkpoint", trainer.save, run_dir)
     if trainer.device.type == "cuda":
         plan_record["peak"] = peak_memory_row(trainer.plan, torch.cuda.max_memory_reserved(trainer.device))
         for line in format_rows([plan_record["peak"]]):
             console.print(line, highlight=False)
     atomic_write_text(run_dir / "plan.json", json.dumps(plan_record, indent=2))
-    report = final_report(trainer, run_dir, console)
+    report = guard.run("evaluation", final_report, trainer, run_dir, console)
     logger.log(trainer.epoch, "test", {"sharpe": report["test"]["agent"]["sharpe"]})
     logger.close()
     return report

@@ -85,6 +85,7 @@ class Trainer:
         self.update_graph: torch.cuda.CUDAGraph | None = None
         self.history: list[dict[str, Any]] = []
         self.pending: dict[str, Any] | None = None  # an epoch whose updates an OOM interrupted
+        self.oom_batch_size: int | None = None  # the batch the OOM guard settled on (kept by checkpoints)
 
     # ---------------------------------------------------------------- allocation, in plan order
     def _allocate(self) -> None:
@@ -240,6 +241,7 @@ class Trainer:
             "updates_done": self.updates_done,
             "samples_done": self.samples_done,
             "batch_size": self.batch_size,
+            "oom_batch_size": self.oom_batch_size,
             "learner": self.learner.state_dict(),
             "replay": self.replay.state_dict(),
             "collector": self.collector.state_dict(),
@@ -272,6 +274,9 @@ class Trainer:
         self.samples_done = int(state["samples_done"])
         self.learner.set_batch_size(self.batch_size)  # the rules at this run's batch (the loaded lr is the saved one)
         self.history = list(state["history"])
+        if state.get("oom_batch_size"):  # the OOM guard's batch outlives the process (never above this plan's)
+            self.oom_batch_size = min(int(state["oom_batch_size"]), self.plan.batch_size)
+            self.set_batch_size(self.oom_batch_size)
 
     def save(self, run_dir: Path) -> Path:
         return save_checkpoint(run_dir / CHECKPOINT_NAME, self.state_dict())

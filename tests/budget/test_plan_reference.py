@@ -1,0 +1,41 @@
+"""`fitdqn plan --json` for the default config keeps its batch and components (within 0.5 %) on the RTX 3050
+what-if (1.7 GiB free) and an H200 what-if: a restructuring of the planner must not move them.
+
+The reference (``plan_reference.json``) holds each plan's batch and components, per resolved ``net.kernels``
+(``triton`` where Triton is installed, as on a GPU machine; else ``torch``). Regenerate it only for a change that
+is meant to move the plan, and say why in the commit:
+
+    python -m fitdqn plan --gpu rtx3050 --free-memory 1.7GiB --batch-size 0 --json --net.kernels KERNELS
+    python -m fitdqn plan --gpu h200 --batch-size 0 --json --net.kernels KERNELS
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fitdqn.cli import main
+from fitdqn.nets.kernels import resolve_kernels
+
+REFERENCE = json.loads((Path(__file__).parent / "plan_reference.json").read_text())
+WHAT_IFS = {"rtx3050_1.7GiB": ["--gpu", "rtx3050", "--free-memory", "1.7GiB"], "h200": ["--gpu", "h200"]}
+TOLERANCE = 0.005
+
+
+def close(value: int, reference: int) -> bool:
+    return abs(value - reference) <= max(TOLERANCE * abs(reference), 64)  # 64 B: a slope's rounding
+
+
+@pytest.mark.parametrize("what_if", sorted(WHAT_IFS))
+def test_the_default_plan_keeps_its_batch_and_components(what_if, capsys, tmp_path):
+    kernels = resolve_kernels("auto", "cuda")
+    reference = REFERENCE[kernels][what_if]
+    assert main(["plan", *WHAT_IFS[what_if], "--batch-size", "0", "--json",
+                 "--budget.trace_cache_dir", str(tmp_path)]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert abs(plan["batch_size"] - reference["batch_size"]) <= TOLERANCE * reference["batch_size"]
+    components = {c["name"]: c for c in plan["components"]}
+    assert set(components) == set(reference["components"])
+    for name, (fixed, per_sample) in reference["components"].items():
+        assert close(components[name]["fixed_bytes"], fixed), (name, components[name]["fixed_bytes"], fixed)
+        assert close(components[name]["per_sample_bytes"], per_sample), (name, components[name], per_sample)
