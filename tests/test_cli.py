@@ -143,8 +143,8 @@ def test_bad_boolean_is_a_clear_error(capsys):
 
 def test_hyphenated_option_names():
     config = parsed_config("train", "--learn.n-step", "4", "--budget.replay-buffer-vram-fraction", "0.5",
-                           "--train.replay-ratio", "2")
-    assert (config.learn.n_step, config.budget.replay_buffer_vram_fraction, config.train.replay_ratio) == (4, 0.5, 2.0)
+                           "--train.sample-reuse", "2")
+    assert (config.learn.n_step, config.budget.replay_buffer_vram_fraction, config.train.sample_reuse) == (4, 0.5, 2.0)
     assert parsed_config("train", "--learn.n_step", "4").learn.n_step == 4
 
 

@@ -262,7 +262,10 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
     else:
-        print_plan(plan)
+        from fitdqn.config import for_device
+        from fitdqn.learn.schedule import Schedule
+
+        print_plan(plan, schedule=Schedule.from_config(for_device(config, device.kind), plan.batch_size))
         if args.plot:
             print(f"chart written to {args.plot}")
     return 0

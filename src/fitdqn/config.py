@@ -88,6 +88,9 @@ def knob(default: Any, help: str, *, ge: float | None = None, gt: float | None =
 class NetConfig:
     """Networks: trunk + attention, branching dueling C51 head, IQN head, IQL value net."""
 
+    size: str = knob("auto", "network widths: 'full' (the widths below), 'small' (widths left at their defaults "
+                     "become config.SMALL_NET's, for a CPU), 'auto' ('full' on CUDA, 'small' on the CPU)",
+                     choices=("auto", "full", "small"))
     window: int = knob(8, "bars per observation: the attention block attends over this many bar tokens", ge=1)
     trunk_hidden: int = knob(512, "first trunk layer width (state -> trunk_hidden -> d_model)", ge=1)
     d_model: int = knob(256, "trunk output width = attention model width", ge=1)
@@ -116,15 +119,25 @@ class NetConfig:
 class LearnConfig:
     """The update: double-DQN n-step targets, C51 + IQN + IQL losses, Adam, target network."""
 
-    gamma: float = knob(0.99, "discount per step", ge=0, le=1)
-    n_step: int = knob(3, "n-step return length", ge=1)
-    lr: float = knob(1e-4, "Adam learning rate", gt=0, le=1)
+    gamma: float = knob(0.9, "discount per step", ge=0, le=1)
+    n_step: int = knob(1, "n-step return length", ge=1)
+    lr: float = knob(5e-4, "Adam learning rate at batch learn.base_batch (scaled for the batch in use by "
+                     "learn.lr_scaling)", gt=0, le=1)
+    base_batch: int = knob(256, "the batch at which learn.lr, learn.target_tau and learn.target_period are given",
+                           ge=1)
+    lr_scaling: str = knob("sqrt", "learning rate at batch B: 'sqrt' (lr x sqrt(B / base_batch), the rule for Adam), "
+                           "'linear' (lr x B / base_batch) or 'none'; at most learn.lr_max",
+                           choices=("sqrt", "linear", "none"))
+    lr_max: float = knob(1e-3, "the largest learning rate the scaling rule scales up to (4e-3 at batch 16384 "
+                         "diverged on the synthetic market); a learn.lr above it is kept as given", gt=0, le=1)
     adam_eps: float = knob(1.5e-4, "Adam epsilon", gt=0)
     grad_clip: float = knob(10.0, "global gradient-norm clip", gt=0)
     target_update: str = knob("soft", "target network update: 'soft' (Polyak, every step) or 'hard' (copy)",
                               choices=("soft", "hard"))
-    target_tau: float = knob(0.005, "Polyak factor for soft target updates", gt=0, le=1)
-    target_period: int = knob(1000, "updates between hard target copies", ge=1)
+    target_tau: float = knob(0.005, "Polyak factor of one soft target update at learn.base_batch (at batch B: "
+                             "1 - (1 - tau)^(B / base_batch), the same time constant in samples)", gt=0, le=1)
+    target_period: int = knob(1000, "updates at learn.base_batch between hard target copies (the same number "
+                              "of samples at any batch)", ge=1)
     kappa: float = knob(1.0, "IQN quantile Huber threshold", gt=0)
     iqn_loss_weight: float = knob(1.0, "weight of the IQN loss in the total loss", ge=0)
     iql_expectile: float = knob(0.7, "IQL expectile tau for V(s)", gt=0, lt=1)
@@ -135,7 +148,8 @@ class LearnConfig:
     cvar_alpha: float = knob(0.25, "CVaR level for risk-averse action selection", gt=0, le=1)
     epsilon_start: float = knob(1.0, "epsilon-greedy exploration at the start", ge=0, le=1)
     epsilon_end: float = knob(0.05, "epsilon-greedy exploration after decay", ge=0, le=1)
-    epsilon_decay_steps: int = knob(200_000, "env steps (over all parallel episodes) to decay epsilon", ge=1)
+    epsilon_decay_fraction: float = knob(0.5, "share of the run's env steps over which epsilon decays linearly",
+                                         gt=0, le=1)
     precision: str = knob("auto", "autocast: 'auto' (bf16 where supported on CUDA), 'bf16' or 'fp32'",
                           choices=("auto", "bf16", "fp32"))
 
@@ -148,11 +162,13 @@ class ReplayConfig:
     prioritized: bool = knob(True, "prioritized sampling (sum tree); False = uniform")
     alpha: float = knob(0.6, "priority exponent", ge=0, le=1)
     beta_start: float = knob(0.4, "importance-weight exponent at the start, annealed to beta_end", ge=0, le=1)
-    beta_end: float = knob(1.0, "importance-weight exponent at the end of training", ge=0, le=1)
+    beta_end: float = knob(1.0, "importance-weight exponent at the end of training (linear in the run's env steps)",
+                           ge=0, le=1)
     priority_eps: float = knob(1e-6, "added to |TD error| so no transition gets zero priority", gt=0)
     her: bool = knob(True, "relabel goals with HER ('future' strategy)")
     her_k: int = knob(4, "HER future goals per real goal: relabel probability k / (k + 1)", ge=0)
-    min_fill: int = knob(10_000, "transitions stored before updates start", ge=0)
+    min_fill: int = knob(10_000, "transitions stored before updates start (at most one epoch's: updates start in "
+                         "the first epoch)", ge=0)
     compile: bool = knob(True, "torch.compile the replay's sampling maths on CUDA (few fused kernels)")
 
 
@@ -169,7 +185,14 @@ class MarketConfig:
     validation_fraction: float = knob(0.15, "next part for validation; the rest is the test split", gt=0, lt=1)
     episode_length: int = knob(256, "bars per training episode (random start offsets)", ge=1)
     max_contracts: int = knob(2, "largest absolute position; target positions are -max..+max", ge=1)
-    reward_scale: float = knob(1e-3, "reward = net P&L in currency x reward_scale", gt=0)
+    reward: str = knob("vol", "reward per step: 'pnl' (net P&L in currency) or 'vol' (net P&L / the decision "
+                       "bar's ATR(14) of one contract: position x return / trailing volatility - costs), "
+                       "times market.reward_scale", choices=("pnl", "vol"))
+    reward_scale: float = knob(0.0, "0 = derived from the training split (market.reward_support_sigmas); "
+                               "a positive value is used as given", ge=0)
+    reward_support_sigmas: float = knob(
+        4.0, "derived reward scale: the C51 support's half-width (net.v_max) holds this many standard deviations "
+        "of the full-position discounted return (learn.gamma) on the training split", gt=0)
     synthetic_bars: int = knob(6000, "bars generated for 'synthetic'", ge=2)
     synthetic_signal: float = knob(0.3, "strength of the planted predictable component in 'synthetic'",
                                    ge=-INF, le=INF)
@@ -180,9 +203,9 @@ class MarketConfig:
 class CollectConfig:
     """Experience collection on the vectorised environment."""
 
-    num_envs: int = knob(0, "parallel episodes stepped on the device; 0 = auto: 4096 on a GPU, 128 on the CPU",
-                         ge=0)
-    steps_per_epoch: int = knob(64, "env steps per parallel episode in each epoch", ge=1)
+    num_envs: int = knob(0, "parallel episodes stepped on the device; 0 = auto: 4096 on a GPU, 32 on the CPU", ge=0)
+    steps_per_epoch: int = knob(0, "env steps per parallel episode in each epoch; 0 = auto: 16 on a GPU (4096 envs), "
+                                "64 on the CPU", ge=0)
 
 
 @dataclass(frozen=True)
@@ -212,8 +235,9 @@ class TrainConfig:
     seed: int = knob(0, "seed for everything", ge=0, le=SEED_MAX)
     epochs: int = knob(20, "epochs of collect + update", ge=1)
     minutes: float = knob(0.0, "stop after this many minutes (0 = no limit)", ge=0)
-    replay_ratio: float = knob(1.0, "times each collected transition is used: updates = ratio x collected / batch",
-                               gt=0)
+    sample_reuse: float = knob(8.0, "samples drawn per transition collected: updates = reuse x collected / batch "
+                               "(the run's total is exact at any batch)", gt=0)
+    min_updates: int = knob(200, "a run planned to make fewer updates than this is reported as too short", ge=0)
     cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
     oom_retries: int = knob(4, "times the OOM guard re-plans an epoch (or retries an evaluation or checkpoint) "
                             "that ran out of device memory before the run stops", ge=0)
@@ -370,7 +394,13 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
     raise ConfigError(f"config key '{key}': expected {type_name}, got {value!r} ({type(value).__name__})")
 
 
-RENAMED_KEYS = {"net.iqn_kernel": "'net.kernels' (values 'auto', 'triton', 'torch'; 'chunked' is now 'torch')"}
+RENAMED_KEYS = {
+    "net.iqn_kernel": "'net.kernels' (values 'auto', 'triton', 'torch'; 'chunked' is now 'torch')",
+    "train.replay_ratio": "'train.sample_reuse' (samples drawn per transition collected; the same number: "
+    "updates = reuse x collected / batch)",
+    "learn.epsilon_decay_steps": "'learn.epsilon_decay_fraction' (the share of the run's env steps over which "
+    "epsilon decays, e.g. 0.5)",
+}
 
 
 def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
@@ -433,15 +463,34 @@ def with_overrides(config: Config, overrides: dict[str, Any]) -> Config:
     return config_from_dict(nested, config)
 
 
-AUTO_NUM_ENVS = {"cuda": 4096, "cpu": 128}  # collect.num_envs = 0: enough envs to keep each device busy
+# collect.num_envs = 0: enough envs to keep a GPU busy; on the CPU a run of the default length (20 epochs x 64
+# steps x 32 envs, train.sample_reuse 8: 1,280 updates at batch 256) that trains the small nets in minutes
+AUTO_NUM_ENVS = {"cuda": 4096, "cpu": 32}
+# collect.steps_per_epoch = 0: on a GPU 20 x 16 x 4096 = 1.3 M env steps (10.5 M samples, 640 updates at batch
+# 16384); more passes over the 4,200 training bars of the synthetic market made the validation Sharpe fall
+AUTO_STEPS_PER_EPOCH = {"cuda": 16, "cpu": 64}
+AUTO_NET_SIZE = {"cuda": "full", "cpu": "small"}
+# net.size = 'small': the widths of a net that a 2-core CPU trains at ~10 updates/s at batch 256 (the full
+# widths: ~1 update/s, too slow to learn in minutes)
+SMALL_NET = {"trunk_hidden": 128, "d_model": 64, "stream_hidden": 64, "iqn_embedding": 32, "iqn_quantiles": 16,
+             "iqn_act_quantiles": 16, "iql_hidden": 64}
 
 
 def for_device(config: Config, device_kind: str) -> Config:
-    """Resolve the 'auto' values that depend on the device kind ('cuda' or 'cpu')."""
+    """Resolve the 'auto' values that depend on the device kind ('cuda' or 'cpu'); idempotent."""
     if config.collect.num_envs == 0:
         collect = dataclasses.replace(config.collect, num_envs=AUTO_NUM_ENVS[device_kind])
         config = dataclasses.replace(config, collect=collect)
-    return config
+    if config.collect.steps_per_epoch == 0:
+        collect = dataclasses.replace(config.collect, steps_per_epoch=AUTO_STEPS_PER_EPOCH[device_kind])
+        config = dataclasses.replace(config, collect=collect)
+    size = AUTO_NET_SIZE[device_kind] if config.net.size == "auto" else config.net.size
+    net = dataclasses.replace(config.net, size=size)
+    if size == "small":  # widths the user left at their defaults become the small ones
+        defaults = NetConfig()
+        net = dataclasses.replace(net, **{k: v for k, v in SMALL_NET.items()
+                                          if getattr(net, k) == getattr(defaults, k)})
+    return dataclasses.replace(config, net=net)
 
 
 def knob_error(key: str, value: Any, spec: dataclasses.Field) -> str | None:

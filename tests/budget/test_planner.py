@@ -112,6 +112,7 @@ def test_a_small_replay_caps_the_planned_auto_batch(tmp_path):
         "net.d_model": 16, "net.stream_hidden": 16, "net.num_atoms": 11, "net.iqn_embedding": 8,
         "net.iqn_quantiles": 8, "net.iqn_act_quantiles": 8, "net.iql_hidden": 16, "train.cuda_graphs": False,
         "collect.num_envs": 64, "replay.capacity": 64 * 10, "replay.min_fill": 64, "budget.batch_size": 0,
+        "learn.n_step": 3,
         "budget.trace_cache_dir": str(tmp_path)})
     plan = plan_for_device(config, what_if("NVIDIA L4", None, None))
     assert plan.replay_capacity == 640 and plan.batch_size == 64 * 8  # 10 steps less the 2 still open

@@ -3,6 +3,7 @@ auto-reset, goals, determinism, the transition contract, no host sync."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -310,3 +311,58 @@ def test_from_config_reads_the_config():
     assert env.position_levels.tolist() == [-4.0, -2.0, 0.0, 2.0, 4.0]
     assert env.contract.name == "generic" and env.first_bar == 1050
     assert env.observation().shape == (6, 4, 80)
+
+
+def test_vol_reward_is_pnl_over_the_decision_bars_atr():
+    """'vol': the same step's net P&L divided by ATR(decision bar) x multiplier, then scaled; state in the same
+    units."""
+    bars = [FLAT_BAR, (100.5, 102.0, 100.0, 101.5), (101.0, 103.0, 100.5, 102.5)]
+    prices = torch.tensor(bars, dtype=torch.float32)
+    atr = torch.tensor([2.0, 4.0, 4.0])
+    env = FuturesEnv(prices, atr, torch.zeros(3, NUM_FEATURES), TEST_CONTRACT, first_bar=0, stop_bar=3,
+                     window=1, episode_length=2, reward_scale=0.5, reward="vol")
+    out = env.step(act(LONG1, 0, 0))
+    pnl = (101.5 - 100.5 - 0.25) * 50 - 2.5
+    assert out["pnl"].item() == pytest.approx(pnl)  # the backtest's currency is unchanged
+    assert out["reward"].item() == pytest.approx(pnl / (2.0 * 50) * 0.5)
+    unrealised = out["next_agent"][0, AGENT_FIELDS.index("unrealised_pnl")]
+    assert unrealised.item() == pytest.approx((101.5 - 100.75) * 50 / (2.0 * 50) * 0.5)
+    assert env.goal_unit == pytest.approx(0.5)  # one ATR of one contract
+    out = env.step(act(LONG1, 0, 0))  # decided at bar 1: its ATR is 4
+    assert out["reward"].item() == pytest.approx(out["pnl"].item() / (4.0 * 50) * 0.5)
+
+
+def test_derived_reward_scale_puts_returns_inside_the_support():
+    """market.reward_scale = 0: the full-position discounted return on the training split has std
+    v_max / reward_support_sigmas (recomputed here from the close prices); with the old typed-in 1e-3, 17 % of
+    one-step synthetic rewards fell outside the C51 support."""
+    from fitdqn.market.env import derive_reward_scale, resolve_reward
+
+    config = with_overrides(Config(), {"market.data": "synthetic", "learn.gamma": 0.9, "learn.n_step": 3})
+    market = load_market(config.market, window=config.net.window)
+    for reward in ("vol", "pnl"):
+        cfg = with_overrides(config, {"market.reward": reward})
+        info = derive_reward_scale(market, cfg)
+        train = market.split("train")
+        first = market.first_bar(train, cfg.net.window)
+        close = market.prices[first:train.stop, 3].double().numpy()
+        per_contract = np.diff(close) / (market.atr[first:train.stop - 1].double().numpy() if reward == "vol"
+                                         else 1 / market.contract.multiplier)
+        r = cfg.market.max_contracts * per_contract * info.scale
+        horizon = 30  # 3 / (1 - gamma)
+        g = sum(0.9**k * r[k:len(r) - horizon + 1 + k] for k in range(horizon))
+        assert g.std() == pytest.approx(cfg.net.v_max / cfg.market.reward_support_sigmas, rel=1e-6)
+        assert info.source == "derived" and info.outside_one_step < 0.01 and info.outside_n_step < 0.01
+    given = derive_reward_scale(market, with_overrides(config, {"market.reward": "pnl", "market.reward_scale": 1e-3}))
+    assert given.source == "given" and given.outside_one_step > 0.1
+    resolved, info = resolve_reward(config, market)
+    assert resolved.market.reward_scale == info.scale > 0
+    env = FuturesEnv.from_config(config, "train", market=market, num_envs=4)  # 0 resolves to the same scale
+    assert env.reward_scale == pytest.approx(info.scale)
+
+
+def test_an_unresolved_reward_scale_is_refused():
+    with pytest.raises(UserError, match="resolve_reward"):
+        hand_env([FLAT_BAR, FLAT_BAR], episode_length=1).__class__(
+            torch.tensor([FLAT_BAR, FLAT_BAR]), torch.full((2,), 2.0), torch.zeros(2, NUM_FEATURES), TEST_CONTRACT,
+            first_bar=0, window=1, episode_length=1, reward_scale=0.0)

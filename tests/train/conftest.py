@@ -10,6 +10,7 @@ SMALL = {
     "replay.capacity": 4096, "replay.min_fill": 128,
     "budget.batch_size": 64,
     "train.device": "cpu", "train.epochs": 4, "train.eval_every": 2, "train.checkpoint_every": 2,
+    "train.sample_reuse": 1.0, "train.min_updates": 1,
     "train.eval_seeds": 1,
 }
 

@@ -102,3 +102,29 @@ def test_oom_guard_replans_and_goes_on(small_config, tmp_path, monkeypatch):
     assert report["epochs"] == 4
     events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any(e["kind"] == "oom" and e["old_batch"] == 128 and e["new_batch"] == trainer.batch_size for e in events)
+
+
+def test_the_run_makes_exactly_the_budgeted_updates(small_config, tmp_path):
+    """train.sample_reuse 1.5 over 4 epochs of 16 x 16 = 256 env steps at batch 64: 24 updates in all (6 per epoch),
+    the first epoch included although replay.min_fill exceeds what it collects."""
+    seen = {}
+    config = small_config(**{"train.sample_reuse": 1.5, "replay.min_fill": 1000, "train.min_updates": 1})
+    report = train(config, tmp_path / "run", trainer_hook=lambda t: seen.setdefault("trainer", t))
+    trainer = seen["trainer"]
+    assert report["updates"] == trainer.schedule.updates == 24
+    assert report["samples"] == 24 * 64 and report["env_steps"] == 4 * 256
+    assert [r["updates"] for r in trainer.history] == [6, 6, 6, 6]
+    saved = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert saved["schedule"]["updates"] == 24 and saved["reward"].startswith("vol x ")
+
+
+def test_batch_size_moves_updates_not_samples(small_config, tmp_path):
+    runs = {}
+    for batch in (32, 128):
+        config = small_config(**{"budget.batch_size": batch, "train.sample_reuse": 2.0, "train.epochs": 2,
+                                 "train.min_updates": 1})
+        runs[batch] = train(config, tmp_path / f"b{batch}",
+                            trainer_hook=lambda t, b=batch: setattr(t, "_seen", b))
+    assert runs[32]["samples"] == runs[128]["samples"] == 2 * 2 * 256
+    assert runs[32]["updates"] == 4 * runs[128]["updates"] == 32
+    assert runs[32]["schedule"]["lr"] == pytest.approx(runs[128]["schedule"]["lr"] / 2)  # sqrt rule

@@ -92,7 +92,7 @@ def test_a_study_refuses_another_space_or_base_config(tmp_path):
     with pytest.raises(UserError, match="another search space"):
         open_study(config, parse_search_space({"learn.lr": {"low": 1e-5, "high": 1e-2}}, config), storage)
     with pytest.raises(UserError, match=r"another base config \(changed: learn.gamma\)"):
-        open_study(with_overrides(config, {"learn.gamma": 0.9}), parse_search_space(SEARCH, config), storage)
+        open_study(with_overrides(config, {"learn.gamma": 0.95}), parse_search_space(SEARCH, config), storage)
 
 
 def test_missing_optuna_is_a_clean_error(monkeypatch, capsys):

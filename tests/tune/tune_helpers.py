@@ -16,6 +16,7 @@ TINY = {
     "replay.capacity": 4096, "replay.min_fill": 128,
     "budget.batch_size": 64,
     "train.device": "cpu", "train.epochs": 2, "train.eval_every": 1, "train.checkpoint_every": 2,
+    "train.sample_reuse": 1.0, "train.min_updates": 1,
     "train.eval_seeds": 1,
 }
 SEARCH = {"learn.lr": {"low": 1e-5, "high": 1e-3}, "learn.n_step": {"choices": [1, 3]}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -10,6 +11,10 @@ from rich.table import Table
 from fitdqn.budget.planner import Plan
 from fitdqn.device.sizes import format_bytes
 from fitdqn.files import atomic_savefig
+
+if TYPE_CHECKING:  # the run's budget and reward scale are printed beside the plan, not planned
+    from fitdqn.learn.schedule import Schedule
+    from fitdqn.market.env import RewardScale
 
 
 def device_table(plan: Plan) -> Table:
@@ -55,9 +60,27 @@ def component_table(plan: Plan) -> Table:
     return table
 
 
-def print_plan(plan: Plan, console: Console | None = None) -> None:
+def schedule_table(schedule: Schedule, reward: RewardScale | None = None) -> Table:
+    """What the run will do at the plan's batch: env steps, updates, samples and the derived rates."""
+    table = Table(title="the run's budget (train.sample_reuse: the same samples at any batch)", show_header=False,
+                  title_justify="left")
+    for key, value in schedule.rows():
+        table.add_row(key, value)
+    if reward is not None:
+        table.add_row("reward", reward.describe())
+    return table
+
+
+def print_plan(plan: Plan, console: Console | None = None, schedule: Schedule | None = None,
+               reward: RewardScale | None = None) -> None:
+    """The device, where the memory goes and why; with ``schedule`` the run's budget (and a warning when it makes
+    fewer updates than ``train.min_updates``), with ``reward`` the reward scale."""
     console = console or Console()
     console.print(device_table(plan))
+    if schedule is not None:
+        console.print(schedule_table(schedule, reward))
+        if schedule.warning():
+            console.print(f"warning: {schedule.warning()}", style="bold yellow", highlight=False)
     if plan.components:
         console.print(component_table(plan))
         console.print("derived from:", style="bold")

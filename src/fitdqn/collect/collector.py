@@ -20,9 +20,10 @@ from fitdqn.replay.buffer import ReplayBuffer
 STAT_KEYS = ("reward", "pnl", "cost", "episodes_done")
 
 
-def epsilon_at(env_steps: Tensor, learn: LearnConfig) -> Tensor:
-    """Linear decay from epsilon_start to epsilon_end over epsilon_decay_steps env steps (a device tensor)."""
-    progress = (env_steps.to(torch.float32) / max(learn.epsilon_decay_steps, 1)).clamp(max=1.0)
+def epsilon_at(env_steps: Tensor, learn: LearnConfig, decay_steps: int) -> Tensor:
+    """Linear decay from epsilon_start to epsilon_end over ``decay_steps`` env steps (a device tensor;
+    ``decay_steps`` = ``learn.epsilon_decay_fraction`` of the run's env steps, :class:`fitdqn.learn.Schedule`)."""
+    progress = (env_steps.to(torch.float32) / max(decay_steps, 1)).clamp(max=1.0)
     return learn.epsilon_start + (learn.epsilon_end - learn.epsilon_start) * progress
 
 
@@ -30,8 +31,9 @@ class Collector:
     """Runs ``learner.act`` on ``env`` and writes every step into ``replay``."""
 
     def __init__(self, env: FuturesEnv, learner: Learner, replay: ReplayBuffer, learn: LearnConfig,
-                 generator: torch.Generator | None = None) -> None:
+                 epsilon_decay_steps: int, generator: torch.Generator | None = None) -> None:
         self.env, self.learner, self.replay, self.learn = env, learner, replay, learn
+        self.epsilon_decay_steps = int(epsilon_decay_steps)
         self.device = env.device
         self.generator = generator
         self.fields = tuple(replay.storage.fields)
@@ -42,7 +44,8 @@ class Collector:
     def step(self) -> None:
         """One env step for every env. Eager; on CUDA prefer :meth:`run` after :meth:`capture`."""
         obs = self.env.observation()  # [E, W, S]
-        action = self.learner.act(obs, epsilon_at(self.env_steps, self.learn), self.generator)  # [E, 3]
+        action = self.learner.act(obs, epsilon_at(self.env_steps, self.learn, self.epsilon_decay_steps),
+                                    self.generator)  # [E, 3]
         out = self.env.step(action)
         self.replay.write({name: out[name] for name in self.fields})
         self.env_steps.add_(self.env.num_envs)

@@ -43,7 +43,8 @@ class RunPolicy:
                 f"scale the policy was evaluated with, and cannot be loaded ({error}); put the file back where "
                 "the run's config.toml says, or give --goal-unit (`fitdqn act` prints it where the bars are)"
             ) from None
-        return market_goal_unit(market, self.config.net.window, self.config.market.reward_scale)
+        return market_goal_unit(market, self.config.net.window, self.config.market.reward_scale,
+                                self.config.market.reward)
 
 
 def load_run_policy(run_dir: str | Path, device: torch.device | str = "cpu") -> RunPolicy:

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import Tensor
 
 from fitdqn.market.contract import ContractSpec
-from fitdqn.market.env import NUM_BRANCHES, FuturesEnv
+from fitdqn.market.env import NUM_BRANCHES, FuturesEnv, resolve_reward
 from fitdqn.market.loader import Market, load_market
 
 
@@ -206,12 +206,13 @@ def evaluate_policy(
     segments: int,
     goal: float | None = None,
     progress: Progress_ = None,
+    reward: str = "pnl",
 ) -> Backtest:
     """Backtest ``policy`` over a whole split of ``market`` from its first valid bar to its end, in at most
     ``segments`` parallel segments. ``goal`` is the target shown in the state (None: the middle of the
     training goal range)."""
     options = dict(window=window, episode_length=episode_length, max_contracts=max_contracts,
-                   reward_scale=reward_scale, branches=branches, sequential=True)
+                   reward_scale=reward_scale, reward=reward, branches=branches, sequential=True)
     s = market.split(split)
     steps = s.stop - 1 - market.first_bar(s, window)
     count, _ = segment_layout(steps, episode_length, segments)
@@ -235,9 +236,11 @@ def evaluate_config(
     """:func:`evaluate_policy` with the sizes of a :class:`fitdqn.config.Config`."""
     if market is None:
         market = load_market(config.market, window=config.net.window, device=device)
+    if config.market.reward_scale <= 0:  # the derived scale the agent was trained with
+        config, _ = resolve_reward(config, market)
     m = config.market
     return evaluate_policy(
         policy, market, split, window=config.net.window, episode_length=m.episode_length,
         max_contracts=m.max_contracts, reward_scale=m.reward_scale, branches=config.net.branches,
-        segments=config.evaluate.segments, goal=goal, progress=progress,
+        segments=config.evaluate.segments, goal=goal, progress=progress, reward=m.reward,
     )

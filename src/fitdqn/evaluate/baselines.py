@@ -17,7 +17,6 @@ every sub-action uniformly (the mean over ``train.eval_seeds`` seeds is reported
 
 from __future__ import annotations
 
-import pandas as pd
 import torch
 from torch import Tensor
 
@@ -28,16 +27,6 @@ from fitdqn.market.env import NUM_BRANCHES, position_levels
 from fitdqn.market.loader import Market
 
 RULES = ("ma_crossover", "time_series_momentum", "last_bar_momentum")
-
-
-def periods_per_year(timestamps: pd.Series) -> float:
-    """Bars per year from the median bar spacing: 52 weekly, 252 daily, 252 x (6.5 h / spacing) intraday."""
-    spacing = pd.Series(pd.to_datetime(timestamps)).diff().median()
-    if pd.isna(spacing) or pd.Timedelta(hours=20) <= spacing < pd.Timedelta(days=5):
-        return 252.0
-    if spacing >= pd.Timedelta(days=5):
-        return 52.0
-    return 252.0 * (pd.Timedelta(hours=6.5) / spacing)
 
 
 def greedy_policy(learner: Learner):

@@ -14,7 +14,6 @@ from fitdqn.evaluate.baselines import (
     RULES,
     account_size,
     greedy_policy,
-    periods_per_year,
     random_policy,
     rule_policies,
 )
@@ -70,7 +69,7 @@ def evaluate_split(learner: Learner, market: Market, config: Config, split: str,
     """The greedy agent on one split; with ``baselines``, buy-and-hold, the rules and random (mean over
     ``train.eval_seeds`` seeds) beside it, and bootstrap intervals on every Sharpe."""
     capital = account_size(market, config, split)
-    per_year = periods_per_year(market.bars["timestamp"])
+    per_year = market.bars_per_year
     agent = evaluate_config(greedy_policy(learner), config, split, market=market, progress=progress)
     hold_pnl = np.diff(agent.buy_and_hold)
     stamps = agent.timestamp

@@ -6,11 +6,12 @@ from fitdqn.learn.graph import GraphedUpdate, capture_update
 from fitdqn.learn.learner import BATCH_KEYS, OUTPUT_KEYS, Learner
 from fitdqn.learn.losses import categorical_projection, expectile_loss, quantile_huber_loss
 from fitdqn.learn.precision import autocast, autocast_dtype
+from fitdqn.learn.schedule import Schedule, scaled_lr, target_period_at, target_tau_at, updates_owed
 from fitdqn.learn.target import target_weight, update_target
 
 __all__ = [
-    "BATCH_KEYS", "OUTPUT_KEYS", "GraphedUpdate", "Learner", "autocast",
+    "BATCH_KEYS", "OUTPUT_KEYS", "GraphedUpdate", "Learner", "Schedule", "autocast",
     "autocast_dtype", "capture_update", "categorical_projection", "expectile_loss",
-    "quantile_huber_loss", "random_batch", "select_actions", "target_weight",
-    "update_target",
+    "quantile_huber_loss", "random_batch", "scaled_lr", "select_actions", "target_period_at", "target_tau_at",
+    "target_weight", "update_target", "updates_owed",
 ]

@@ -29,7 +29,8 @@ What one update does, in order:
    distributional analogue of |TD|), before ``^alpha``.
 4. Gradient-norm clip (``learn.grad_clip``; ``grad_norm`` is the norm before clipping), one Adam step over
    all trainable parameters (online Q net + V net), the step counter, then the target update
-   (:mod:`fitdqn.learn.target`).
+   (:mod:`fitdqn.learn.target`). Learning rate and target rate follow the batch
+   (:meth:`Learner.set_batch_size`, rules in :mod:`fitdqn.learn.schedule`).
 
 Gradients are allocated once at construction and zeroed in place each update (so they sit at fixed
 addresses for graph capture and count as fixed memory, not activations); Adam's state is initialised at
@@ -46,6 +47,7 @@ from fitdqn.config import Config
 from fitdqn.learn.act import select_actions
 from fitdqn.learn.losses import categorical_projection, expectile_loss, quantile_huber_loss
 from fitdqn.learn.precision import autocast, autocast_dtype
+from fitdqn.learn.schedule import scaled_lr, target_period_at, target_tau_at
 from fitdqn.learn.target import target_weight, update_target
 from fitdqn.nets.iql import ValueNet
 from fitdqn.nets.kernels import resolve_kernels
@@ -81,6 +83,17 @@ class Learner:
         )
         self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # updates done
         self._init_grads_and_optimizer()
+        self.set_batch_size(self.learn_config.base_batch)
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Learning rate and target-network rate for updates of ``batch_size`` samples (the rules of
+        :mod:`fitdqn.learn.schedule`). Call before capturing the update in a graph: the graph keeps them."""
+        cfg = self.learn_config
+        self.batch_size = int(batch_size)
+        for group in self.optimizer.param_groups:
+            group["lr"] = scaled_lr(cfg, self.batch_size)
+        self.target_tau = target_tau_at(cfg, self.batch_size)
+        self.target_period = target_period_at(cfg, self.batch_size)
 
     # ------------------------------------------------------------------ update
 
@@ -111,7 +124,7 @@ class Learner:
         self.optimizer.step()
         self.step.add_(1)
         update_target(self.target_params, self.online_params,
-                      target_weight(self.step, cfg.target_update, cfg.target_tau, cfg.target_period))
+                      target_weight(self.step, cfg.target_update, self.target_tau, self.target_period))
         with torch.no_grad():
             q_mean = (log_probs.exp() * self.online.support).sum(-1).mean()  # taken actions, all branches
         return {

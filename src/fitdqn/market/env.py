@@ -21,8 +21,18 @@ Execution on bar ``t + 1`` (all prices in points, ``slip = slippage_ticks x tick
 4. otherwise the position is marked to bar t+1's close.
 
 The bracket is re-placed at every decision (relative to that bar's open), so choosing the same stop every
-step is a stop that trails by whole bars. Reward = net P&L of the step in currency x ``market.reward_scale``
-(no goal bonus: :meth:`FuturesEnv.goal_reward` is added by the replay at sample time).
+step is a stop that trails by whole bars. Reward (no goal bonus: :meth:`FuturesEnv.goal_reward` is added by the
+replay at sample time), by ``market.reward``:
+
+* ``'vol'``: the step's net P&L in currency / (ATR(14) of the decision bar x multiplier) x ``reward_scale`` --
+  position x return / trailing volatility - costs, so a calm and a stressed year weigh the same;
+* ``'pnl'``: the step's net P&L in currency x ``reward_scale``.
+
+The agent state's unrealised P&L and cumulative reward are in the same units. ``market.reward_scale = 0``
+(default) derives the scale from the training split (:func:`derive_reward_scale`): the standard deviation of the
+full-position discounted return is ``net.v_max / market.reward_support_sigmas``, so returns sit inside the C51
+support; :func:`resolve_reward` writes the derived value into the run's config (train, backtests and a resume
+use the same one).
 
 Episodes are ``market.episode_length`` decisions from a random start bar in the split (start >= the feature
 warm-up and >= ``window - 1``; start + episode_length <= the split's last bar). The last step liquidates any
@@ -34,7 +44,8 @@ tensor value: capturable in a CUDA graph; register ``env.generator`` with the gr
 
 Goals (for HER): each episode draws a target cumulative reward uniformly in ``goal_range`` (default
 ``[0, goal_unit x sqrt(episode_length)]`` with ``goal_unit`` = the training split's median ATR in currency
-for one contract x reward_scale); the agent sees it in the state (:data:`GOAL_COLUMN`); the bonus
+for one contract in reward units: x reward_scale for 'pnl', reward_scale itself for 'vol'); the agent sees it
+in the state (:data:`GOAL_COLUMN`); the bonus
 ``goal_reward`` is ``goal_unit`` when the episode's cumulative reward crosses the goal upwards.
 """
 
@@ -43,8 +54,10 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -59,7 +72,7 @@ from fitdqn.replay.spec import FieldSpec
 
 AGENT_FIELDS: tuple[str, ...] = (
     "position",  # contracts held / max_contracts, in [-1, 1]
-    "unrealised_pnl",  # open P&L in currency x reward_scale (marked at the close)
+    "unrealised_pnl",  # open P&L in reward units (marked at the close)
     "time_in_trade",  # steps since the position was opened / episode_length
     "stop_distance",  # ATR multiple of the last stop chosen / max(STOP_ATR) (0 = none)
     "take_profit_distance",  # ATR multiple of the last take-profit chosen / max(TAKE_PROFIT_ATR)
@@ -147,12 +160,93 @@ def typical_atr(atr: Tensor, start: int, stop: int) -> float:
     return float(span.median()) if span.numel() else 1.0
 
 
-def market_goal_unit(market: Market, window: int, reward_scale: float) -> float:
+def market_goal_unit(market: Market, window: int, reward_scale: float, reward: str = "pnl") -> float:
     """The goal unit of every env on ``market``: the training split's median ATR for one contract in reward
     units (so train, validation and test envs share one goal scale and one HER bonus)."""
+    if reward == "vol":  # one ATR of one contract is one reward unit before scaling
+        return reward_scale
     train = market.split("train")
     atr = typical_atr(market.atr, market.first_bar(train, window), train.stop)
     return atr * market.contract.multiplier * reward_scale
+
+
+REWARDS = ("pnl", "vol")
+
+
+@dataclass(frozen=True)
+class RewardScale:
+    """The derived reward scale and what it does to the training split's returns (host numbers)."""
+
+    reward: str  # 'pnl' or 'vol'
+    scale: float
+    source: str  # 'derived' or 'given'
+    return_std: float  # std of the full-position discounted return, in scaled reward units
+    outside_one_step: float  # share of full-position one-step rewards outside [v_min, v_max]
+    outside_n_step: float  # share of full-position n-step returns outside [v_min, v_max]
+
+    def describe(self) -> str:
+        how = "derived from the training split" if self.source == "derived" else "market.reward_scale as given"
+        return (f"{self.reward} x {self.scale:.4g} ({how}); full-position discounted return std "
+                f"{self.return_std:.2f}; outside the C51 support: {100 * self.outside_one_step:.2f} % of one-step "
+                f"rewards, {100 * self.outside_n_step:.2f} % of n-step returns")
+
+
+def full_position_rewards(market: Market, window: int, max_contracts: int, reward: str) -> np.ndarray:
+    """Unscaled one-step rewards of holding ``max_contracts`` through the training split, close to close
+    ``[N]`` float64 (costs left out: they are a small, policy-dependent share). Host sync."""
+    train = market.split("train")
+    first = market.first_bar(train, window)
+    close = market.prices[first:train.stop, 3].double().cpu().numpy()
+    change = np.diff(close)  # [N] points per contract, decision bar t -> t + 1
+    if reward == "vol":
+        atr = market.atr[first:train.stop - 1].double().cpu().numpy()
+        per_contract = change / np.maximum(atr, market.contract.tick_size)
+    elif reward == "pnl":
+        per_contract = change * market.contract.multiplier
+    else:
+        raise UserError(f"market.reward must be one of {REWARDS}, got {reward!r}")
+    return max_contracts * per_contract
+
+
+def discounted_returns(rewards: np.ndarray, gamma: float, horizon: int) -> np.ndarray:
+    """``G_t = sum_{k < horizon} gamma^k r_{t+k}`` for every t with a whole horizon left ``[N - horizon + 1]``."""
+    horizon = max(1, min(int(horizon), rewards.shape[0]))
+    count = rewards.shape[0] - horizon + 1
+    out = np.zeros(count)
+    for k in range(horizon):
+        out += gamma**k * rewards[k:k + count]
+    return out
+
+
+def derive_reward_scale(market: Market, config) -> RewardScale:
+    """The reward scale of ``config`` on ``market`` (``market.reward_scale`` if positive, else derived from the
+    training split, module docstring) and where the training split's returns then fall."""
+    m, learn, net = config.market, config.learn, config.net
+    raw = full_position_rewards(market, net.window, m.max_contracts, m.reward)
+    horizon = min(m.episode_length, max(learn.n_step, round(3.0 / max(1.0 - learn.gamma, 1e-6))))  # 3 time constants
+    full = discounted_returns(raw, learn.gamma, horizon)
+    if m.reward_scale > 0:
+        scale, source = m.reward_scale, "given"
+    else:
+        std = float(full.std())
+        scale, source = (net.v_max / (m.reward_support_sigmas * std) if std > 0 else 1.0), "derived"
+    n_step = discounted_returns(raw, learn.gamma, learn.n_step) * scale
+
+    def outside(values: np.ndarray) -> float:
+        return float(np.mean((values < net.v_min) | (values > net.v_max))) if values.size else 0.0
+
+    return RewardScale(m.reward, float(scale), source, float(full.std() * scale), outside(raw * scale),
+                       outside(n_step))
+
+
+def resolve_reward(config, market: Market):
+    """``config`` with ``market.reward_scale`` resolved for ``market`` (the derived value when it is 0) and what
+    the scale does (:class:`RewardScale`)."""
+    import dataclasses
+
+    info = derive_reward_scale(market, config)
+    resolved = dataclasses.replace(config, market=dataclasses.replace(config.market, reward_scale=info.scale))
+    return resolved, info
 
 
 class FuturesEnv:
@@ -179,6 +273,7 @@ class FuturesEnv:
         episode_length: int = 256,
         max_contracts: int = 2,
         reward_scale: float = 1e-3,
+        reward: str = "pnl",
         branches: Sequence[int] = (5, 5, 5),
         seed: int = 0,
         sequential: bool = False,
@@ -222,7 +317,13 @@ class FuturesEnv:
         self.window = int(window)
         self.episode_length = int(episode_length)
         self.max_contracts = int(max_contracts)
+        if reward not in REWARDS:
+            raise UserError(f"market.reward must be one of {REWARDS}, got {reward!r}")
+        if not reward_scale > 0:
+            raise UserError("the reward scale must be positive: resolve market.reward_scale = 0 with "
+                            "fitdqn.market.env.resolve_reward(config, market) first")
         self.reward_scale = float(reward_scale)
+        self.reward_mode = reward
         self.sequential = bool(sequential)
         self.contract = contract
         self.first_bar = int(first_bar)
@@ -240,7 +341,9 @@ class FuturesEnv:
         self.stop_levels = torch.tensor(STOP_ATR, device=device)
         self.take_levels = torch.tensor(TAKE_PROFIT_ATR, device=device)
 
-        if goal_unit is None:  # host sync (construction only): the range's typical ATR sets the goal scale
+        if goal_unit is None and reward == "vol":
+            goal_unit = self.reward_scale
+        elif goal_unit is None:  # host sync (construction only): the range's typical ATR sets the goal scale
             goal_unit = typical_atr(self.atr, self.first_bar, stop_bar) * self.multiplier * self.reward_scale
         self.goal_unit = float(goal_unit)
         self.goal_bonus = self.goal_unit
@@ -266,6 +369,7 @@ class FuturesEnv:
         defaults = inspect.signature(cls.__init__).parameters
         window = options.get("window", defaults["window"].default)
         reward_scale = options.get("reward_scale", defaults["reward_scale"].default)
+        reward = options.get("reward", defaults["reward"].default)
         return cls(
             market.prices,
             market.atr,
@@ -273,7 +377,7 @@ class FuturesEnv:
             market.contract,
             first_bar=market.first_bar(s, window),
             stop_bar=s.stop,
-            goal_unit=market_goal_unit(market, window, reward_scale),
+            goal_unit=market_goal_unit(market, window, reward_scale, reward),
             **options,
         )
 
@@ -291,9 +395,11 @@ class FuturesEnv:
     ) -> FuturesEnv:
         """An env from a :class:`fitdqn.config.Config` (``market.*``, ``net.window``, ``net.branches``,
         ``collect.num_envs``, ``train.seed``); pass ``market`` to share one loaded Market between envs."""
-        m = config.market
         if market is None:
-            market = load_market(m, window=config.net.window, device=device)
+            market = load_market(config.market, window=config.net.window, device=device)
+        if config.market.reward_scale <= 0:  # derived from the training split (host sync, construction only)
+            config, _ = resolve_reward(config, market)
+        m = config.market
         return cls.from_market(
             market,
             split,
@@ -302,6 +408,7 @@ class FuturesEnv:
             episode_length=m.episode_length,
             max_contracts=m.max_contracts,
             reward_scale=m.reward_scale,
+            reward=m.reward,
             branches=config.net.branches,
             seed=config.train.seed if seed is None else seed,
             sequential=sequential,
@@ -417,7 +524,10 @@ class FuturesEnv:
         pnl = points * self.multiplier - commission  # [E] currency, net
         slip_stop = stop_hit.to(target.dtype) * target.abs() * self.slip
         cost = (self.slip * (traded_open + traded_liq) + slip_stop) * self.multiplier + commission
-        reward = pnl * self.reward_scale
+        # reward units per currency unit: 'vol' divides by the decision bar's ATR of one contract
+        unit = (self.reward_scale / (atr0.clamp(min=self.tick) * self.multiplier) if self.reward_mode == "vol"
+                else self.reward_scale)  # [E] or a float
+        reward = pnl * unit
 
         # average entry price and time in trade of what is held after the step
         fill_px = o1 + torch.sign(trade) * self.slip
@@ -430,7 +540,7 @@ class FuturesEnv:
         entry = torch.where(open_after, entry, torch.zeros_like(entry))
         in_trade = torch.where(fresh, torch.ones_like(entry), self.time_in_trade + 1.0)
         in_trade = torch.where(open_after, in_trade, torch.zeros_like(in_trade))
-        unrealised = held_after * (c1 - entry) * (self.multiplier * self.reward_scale)
+        unrealised = held_after * (c1 - entry) * self.multiplier * unit
 
         achieved = self.achieved + reward
         step_after = step_before + 1

@@ -13,7 +13,7 @@ largest that fits. On the present CUDA GPU:
      warm-up updates, then the capture), then ``--update-iters`` graph replays, each timed with CUDA events;
      the median in ms (eager ``Trainer.update_step`` if ``train.cuda_graphs`` is off);
    - **full epochs**: ``--epochs-per-batch`` calls of ``Trainer.run_epoch`` (collect + the updates that use each
-     transition ``train.replay_ratio`` times): samples/s = updates x batch / s, env steps/s, updates/s;
+     transition ``train.sample_reuse`` times): samples/s = updates x batch / s, env steps/s, updates/s;
    - the allocator's peak (``torch.cuda.max_memory_allocated``) while that batch ran;
 4. choose the batch (``choose_batch``): **the smallest batch whose full-epoch samples/s is within 5 % of the
    best measured** — a larger batch must pay for its memory with real speed;
@@ -172,7 +172,8 @@ def profile_config(config: Config, steps_given: bool) -> Config:
     """The config the profile runs: auto batch (the plan gives the cap) and short epochs unless given."""
     overrides: dict[str, Any] = {"budget.batch_size": 0}
     if not steps_given:
-        overrides["collect.steps_per_epoch"] = min(config.collect.steps_per_epoch, PROFILE_STEPS_PER_EPOCH)
+        overrides["collect.steps_per_epoch"] = min(config.collect.steps_per_epoch or PROFILE_STEPS_PER_EPOCH,
+                                                       PROFILE_STEPS_PER_EPOCH)
     return with_overrides(config, overrides)
 
 
@@ -364,7 +365,7 @@ def run_profile_command(args, config: Config) -> int:
         "cuda": str(torch.version.cuda),
         "num_envs": trainer.config.collect.num_envs,
         "steps_per_epoch": trainer.config.collect.steps_per_epoch,
-        "replay_ratio": trainer.config.train.replay_ratio,
+        "sample_reuse": trainer.config.train.sample_reuse,
         "cuda_graphs": trainer.config.train.cuda_graphs,
         "precision": trainer.config.learn.precision,
     }

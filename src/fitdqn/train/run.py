@@ -271,7 +271,7 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
     device_info = probe(config.train.device)
     state = checked_resume_state(config, run_dir, device_info.torch_device) if resume else None
     trainer = Trainer(config, device_info, market=market)
-    print_plan(trainer.plan, console)
+    print_plan(trainer.plan, console, trainer.schedule, trainer.reward_info)
     if state is not None:
         trainer.load_state_dict(state)
         stop.saved_epoch = trainer.epoch
@@ -430,6 +430,8 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
                        time_text(bars.iloc[market.splits["train"].stop - 1])],
         "contract": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(market.contract).items()},
         "epochs": trainer.epoch, "updates": trainer.updates_done, "batch_size": trainer.batch_size,
+        "env_steps": trainer.env_steps_done, "samples": trainer.samples_done,
+        "schedule": trainer.schedule.to_json(), "reward": trainer.reward_info.describe(),
         "batch_source": trainer.plan.batch_source, "device": trainer.device_info.name,
         "planned_memory": f"{format_bytes(trainer.plan.planned_bytes)} of "
                           f"{format_bytes(trainer.plan.device.free_bytes or 0)} free",

@@ -18,9 +18,9 @@ import pandas as pd
 from rich.console import Console
 
 from fitdqn.config import Config
-from fitdqn.evaluate.baselines import periods_per_year
 from fitdqn.evaluate.report import study_markdown, study_summary, study_verdict
 from fitdqn.evaluate.walk_forward import FOLD_NAME, Fold, fold_market, folds_for, run_fold
+from fitdqn.market.data import bars_per_year
 from fitdqn.market.loader import Market, load_market
 from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.train.run import print_report, train
@@ -84,7 +84,7 @@ def run_study(config: Config, run_dir: Path, console: Console | None = None) -> 
                             "capital": report["test"]["capital"], "test": report["test"],
                             "selected_epoch": report["selection"]["epoch"],
                             "pnl": pd.read_csv(sub / "test_pnl.csv")})
-    summary = study_summary(members, config, periods_per_year(market.bars["timestamp"]))
+    summary = study_summary(members, config, bars_per_year(market.bars["timestamp"]))
     summary["verdict"] = study_verdict(summary, config)
     summary["members"] = [{k: m[k] for k in ("seed", "fold", "dir", "selected_epoch")} for m in members]
     summary["folds_layout"] = [f.to_json() for f in folds if f is not None]

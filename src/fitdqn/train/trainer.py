@@ -1,15 +1,16 @@
 """`fitdqn train`: probe -> plan -> allocate in plan order -> check the plan -> epochs -> evaluation.
 
 The loop per epoch: the collector steps every env ``collect.steps_per_epoch`` times (one graph replay per
-step on CUDA), then ``updates_per_epoch`` learner updates, each one graph replay on CUDA of
-``sample -> build obs -> update -> new priorities``. Host syncs happen only between phases (stats for the
-progress bar and logs), never inside a step.
+step on CUDA), then the learner updates the run's budget still owes (:mod:`fitdqn.learn.schedule`:
+``train.sample_reuse`` samples per transition collected, so the run's updates and samples do not depend on
+the batch the planner picks), each one graph replay on CUDA of ``sample -> build obs -> update -> new
+priorities``. Host syncs happen only between phases (stats for the progress bar and logs), never inside a
+step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,8 @@ from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.errors import UserError
 from fitdqn.learn.learner import Learner
-from fitdqn.market.env import GOAL_COLUMN, FuturesEnv
+from fitdqn.learn.schedule import Schedule, updates_owed
+from fitdqn.market.env import GOAL_COLUMN, FuturesEnv, RewardScale, resolve_reward
 from fitdqn.market.loader import Market, load_market
 from fitdqn.market.observation import build_observation
 from fitdqn.replay.buffer import ReplayBuffer
@@ -45,16 +47,11 @@ class EpochStats:
     values: dict[str, float] = field(default_factory=dict)
 
 
-def updates_per_epoch(config: Config, batch_size: int) -> int:
-    """Updates that use each collected transition ``train.replay_ratio`` times on average."""
-    collected = config.collect.num_envs * config.collect.steps_per_epoch
-    return max(1, math.ceil(config.train.replay_ratio * collected / batch_size))
-
-
-def beta_at(config: Config, epoch: int) -> float:
-    """Importance-weight exponent, annealed linearly over the configured epochs."""
+def beta_at(config: Config, env_steps: int) -> float:
+    """Importance-weight exponent after ``env_steps`` collected, annealed linearly over the run's env steps."""
     r = config.replay
-    progress = min(epoch / max(config.train.epochs - 1, 1), 1.0)
+    total = config.collect.num_envs * config.collect.steps_per_epoch * config.train.epochs
+    progress = min(env_steps / max(total, 1), 1.0)
     return r.beta_start + (r.beta_end - r.beta_start) * progress
 
 
@@ -73,12 +70,18 @@ class Trainer:
             # operand costs ~100 cycles (measured here: 4 s instead of 0.1 s per update at batch 256).
             torch.set_flush_denormal(True)
         self.market = market or load_market(config.market, window=config.net.window, device="cpu")
+        # market.reward_scale = 0: derived from the training split, and kept in the run's config
+        resolved, reward_info = resolve_reward(config, self.market)
+        self.config = config = resolved
+        self.reward_info: RewardScale = reward_info  # printed in the plan table and the report
         self.plan: Plan = plan_for_device(config, self.device_info, PlanInputs.from_market(self.market, config))
         self.batch_size = self.plan.batch_size
+        self.schedule = Schedule.from_config(config, self.batch_size)
         self.ledger = AllocationLedger(self.device)
         self._allocate()
         self.epoch = 0
         self.updates_done = 0
+        self.samples_done = 0  # updates x their batch: what the budget counts
         self.update_graph: torch.cuda.CUDAGraph | None = None
         self.history: list[dict[str, Any]] = []
         self.pending: dict[str, Any] | None = None  # an epoch whose updates an OOM interrupted
@@ -105,7 +108,9 @@ class Trainer:
             self.replay.goal_reward = self.env.goal_reward
         with self.ledger.measure("networks"):
             self.learner = Learner(config, self.env.state_dim, device)
-        self.collector = Collector(self.env, self.learner, self.replay, config.learn, self.act_generator)
+            self.learner.set_batch_size(self.batch_size)
+        self.collector = Collector(self.env, self.learner, self.replay, config.learn,
+                                   self.schedule.epsilon_decay_steps, self.act_generator)
         self.beta = torch.full((), beta_at(config, 0), device=device)
         # one side stream for every graph capture: each stream gets its own cuBLAS workspaces
         self.capture_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -155,6 +160,8 @@ class Trainer:
     def set_batch_size(self, batch_size: int) -> None:
         """A new batch (OOM guard): the update graph is rebuilt at the next update."""
         self.batch_size = batch_size
+        self.schedule = Schedule.from_config(self.config, batch_size)
+        self.learner.set_batch_size(batch_size)
         self.update_graph = None
 
     # ---------------------------------------------------------------- one epoch
@@ -167,7 +174,16 @@ class Trainer:
         return self.collector.take_stats()  # host sync: epoch stats
 
     def can_update(self) -> bool:
-        return int(self.replay.sampleable()) >= max(self.config.replay.min_fill, self.batch_size)  # host sync
+        return int(self.replay.sampleable()) >= max(self.schedule.min_fill, self.batch_size)  # host sync
+
+    @property
+    def env_steps_done(self) -> int:
+        return self.epoch * self.schedule.env_steps_per_epoch
+
+    def updates_due(self) -> int:
+        """Updates the budget owes after this epoch's collection (those before min_fill included)."""
+        collected = self.env_steps_done + self.schedule.env_steps_per_epoch
+        return updates_owed(self.config.train.sample_reuse, collected, self.samples_done, self.batch_size)
 
     def train_updates(self, count: int) -> int:
         done = 0
@@ -188,13 +204,14 @@ class Trainer:
         """Collect, then update; after an out-of-memory error (OomGuard) only the missing updates run again."""
         start = time.perf_counter()
         if self.pending is None:
-            self.beta.fill_(beta_at(self.config, self.epoch))
+            self.beta.fill_(beta_at(self.config, self.env_steps_done))
             self.pending = {"collected": self.collect(), "updates": 0}
         collected = self.pending["collected"]
         if self.can_update():
-            wanted = updates_per_epoch(self.config, self.batch_size)
-            while self.pending["updates"] < wanted:
-                self.pending["updates"] += self.train_updates(1)
+            while self.updates_due() > 0:  # re-read after each update: an OOM re-plan changes the batch
+                done = self.train_updates(1)
+                self.pending["updates"] += done
+                self.samples_done += done * self.batch_size  # the budget counts the epochs' updates only
         updates = self.pending["updates"]
         self.pending = None
         values = ({key: float(v) / updates for key, v in self.stat_sums.items()}  # host sync
@@ -204,7 +221,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
-        env_steps = self.config.collect.num_envs * self.config.collect.steps_per_epoch
+        env_steps = self.schedule.env_steps_per_epoch
         values.update({
             "collect_reward": collected["reward"] / env_steps, "collect_pnl": collected["pnl"],
             "episodes_done": collected["episodes_done"], "env_steps_per_s": env_steps / seconds,
@@ -222,6 +239,7 @@ class Trainer:
             "config": config_to_dict(self.config),
             "epoch": self.epoch,
             "updates_done": self.updates_done,
+            "samples_done": self.samples_done,
             "batch_size": self.batch_size,
             "oom_batch_size": self.oom_batch_size,
             "learner": self.learner.state_dict(),
@@ -254,6 +272,8 @@ class Trainer:
             torch.cuda.set_rng_state(state["generators"]["torch_cuda"], self.device)
         self.epoch = int(state["epoch"])
         self.updates_done = int(state["updates_done"])
+        self.samples_done = int(state["samples_done"])
+        self.learner.set_batch_size(self.batch_size)  # the rules at this run's batch (the loaded lr is the saved one)
         self.history = list(state["history"])
         if state.get("oom_batch_size"):  # the OOM guard's batch outlives the process (never above this plan's)
             self.oom_batch_size = min(int(state["oom_batch_size"]), self.plan.batch_size)

@@ -1,0 +1,153 @@
+"""Does it learn: `fitdqn train` runs on the synthetic market, one seed per call, beside the baselines.
+
+    # one run (the default config; any --set key=value overrides it), its figures as JSON:
+    python benchmarks/learning.py run --seed 0 --out results/cpu_default_s0.json [--set train.device=cpu ...]
+    # the median and range over runs, a markdown table (and a learning-curve PNG with --plot):
+    python benchmarks/learning.py summary results/cpu_default_s*.json [--plot curve.png]
+
+Each run records the test and validation Sharpe of the agent, buy-and-hold, a random policy and the last-bar
+momentum rule (position = max_contracts x sign of the decision bar's return, no stop or take-profit), the
+wall-clock seconds of the whole `train` call (plan, allocation, training and the backtests), the updates and
+samples it made, and its learning curve: validation Sharpe against the seconds trained so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from fitdqn.config import Config, with_overrides
+from fitdqn.evaluate.backtest import evaluate_config
+from fitdqn.evaluate.baselines import account_size
+from fitdqn.evaluate.metrics import trading_metrics
+from fitdqn.market.data import bars_per_year
+from fitdqn.market.features import FEATURE_NAMES
+from fitdqn.train.logs import read_jsonl
+from fitdqn.train.run import train
+
+RET_1 = FEATURE_NAMES.index("ret_1")
+
+
+def momentum_policy(levels: int):
+    """Full long after an up bar, full short after a down bar (index 0 = -max, levels - 1 = +max)."""
+
+    def act(obs: torch.Tensor) -> torch.Tensor:  # obs [E, W, S] -> [E, 3]
+        ret = obs[:, -1, RET_1]  # [E] the decision bar's return in units of its volatility
+        position = torch.where(ret > 0, levels - 1, torch.where(ret < 0, 0, (levels - 1) // 2))
+        return torch.stack([position, torch.zeros_like(position), torch.zeros_like(position)], dim=1)
+
+    return act
+
+
+def momentum_sharpe(trainer, split: str) -> float:
+    config, market = trainer.config, trainer.market_on_device
+    backtest = evaluate_config(momentum_policy(config.net.branches[0]), config, split, market=market)
+    capital = account_size(market, config, split)
+    metrics = trading_metrics(backtest.pnl, backtest.position, capital, bars_per_year(market.bars["timestamp"]))
+    return metrics.sharpe
+
+
+def git_commit() -> str:
+    """The code's commit (FITDQN_COMMIT where the tree travelled without its .git)."""
+    if os.environ.get("FITDQN_COMMIT"):
+        return os.environ["FITDQN_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def run(args: argparse.Namespace) -> None:
+    overrides = dict(item.split("=", 1) for item in args.set)
+    config = with_overrides(Config(), {"market.data": "synthetic", "train.seed": args.seed, **overrides})
+    kept = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        start, cpu_start = time.perf_counter(), time.process_time()
+        report = train(config, run_dir, console=Console(quiet=True), trainer_hook=lambda t: kept.setdefault("t", t))
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+        epochs = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"]
+    trainer = kept["t"]
+    elapsed, curve = 0.0, []
+    for record in epochs:
+        elapsed += record["seconds"]
+        if "validation_sharpe" in record:
+            curve.append({"epoch": record["epoch"], "train_seconds": elapsed, "validation_sharpe":
+                          record["validation_sharpe"]})
+    result = {
+        "seed": args.seed, "overrides": overrides, "device": report["device"], "commit": git_commit(),
+        "date": time.strftime("%Y-%m-%d"), "seconds": seconds, "cpu_seconds": cpu_seconds, "train_seconds": elapsed,
+        "batch_size": report["batch_size"], "updates": report["updates"], "samples": report["samples"],
+        "env_steps": report["env_steps"], "reward": report["reward"], "curve": curve,
+    }
+    for split in ("validation", "test"):
+        r = report[split]
+        result[split] = {"agent": r["agent"]["sharpe"], "buy_and_hold": r["buy_and_hold"]["sharpe"],
+                         "random": r["random"]["sharpe"], "momentum": momentum_sharpe(trainer, split)}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: result[k] for k in ("seed", "seconds", "updates", "batch_size", "test")}))
+
+
+def summary(args: argparse.Namespace) -> None:
+    runs = [json.loads(Path(p).read_text()) for p in args.files]
+    print(f"{len(runs)} runs on {runs[0]['device']}, batch {sorted({r['batch_size'] for r in runs})}, "
+          f"updates {sorted({r['updates'] for r in runs})}, commit {sorted({r['commit'] for r in runs})}")
+    print("| split | policy | median Sharpe | range |")
+    print("|---|---|---:|---|")
+    for split in ("validation", "test"):
+        for policy in ("agent", "buy_and_hold", "random", "momentum"):
+            values = [r[split][policy] for r in runs]
+            print(f"| {split} | {policy} | {statistics.median(values):.2f} | {min(values):.2f} .. {max(values):.2f} |")
+    times = [r["seconds"] for r in runs]
+    print(f"wall-clock seconds per run (whole train call): median {statistics.median(times):.0f}, "
+          f"range {min(times):.0f} .. {max(times):.0f}")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in runs:
+            ax.plot([p["train_seconds"] for p in r["curve"]], [p["validation_sharpe"] for p in r["curve"]],
+                    marker="o", label=f"seed {r['seed']}")
+        ax.axhline(statistics.median(r["validation"]["buy_and_hold"] for r in runs), color="grey", ls="--",
+                   label="buy and hold")
+        ax.axhline(statistics.median(r["validation"]["momentum"] for r in runs), color="black", ls=":",
+                   label="last-bar momentum")
+        ax.set_xlabel("training seconds")
+        ax.set_ylabel("validation Sharpe")
+        ax.set_title(f"fitdqn train --data synthetic on {runs[0]['device']}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    one = sub.add_parser("run", help="one training run, its figures as JSON")
+    one.add_argument("--seed", type=int, default=0)
+    one.add_argument("--out", required=True)
+    one.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
+    many = sub.add_parser("summary", help="median and range over run files")
+    many.add_argument("files", nargs="+")
+    many.add_argument("--plot", default="", help="learning-curve PNG")
+    args = parser.parse_args(argv)
+    run(args) if args.command == "run" else summary(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

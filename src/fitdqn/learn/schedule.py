@@ -1,0 +1,144 @@
+"""The training budget: what a run does, in quantities the batch size does not move.
+
+The planner picks the batch for the card (64 on a small card, 16384 on an H200); what the agent learns must
+not follow that choice. So a run is set by:
+
+* **sample reuse** (``train.sample_reuse``): samples drawn per transition collected. After ``C`` transitions
+  have been collected the run owes ``floor(reuse x C / batch)`` updates in all; each epoch makes the updates
+  still owed (the fractional remainder is carried, so the run's total is exact, and a batch changed by the
+  OOM guard changes the count of the remaining updates, not the samples);
+* **the learning rate at a base batch** (``learn.lr`` at ``learn.base_batch``), scaled for the batch in use by
+  ``learn.lr_scaling``: ``'sqrt'`` (default; ``lr x sqrt(batch / base_batch)``, the square-root rule for Adam:
+  Malladi et al. 2022, "On the SDEs and scaling rules for adaptive gradient algorithms"), ``'linear'``
+  (Goyal et al. 2017, for SGD) or ``'none'``, never above ``learn.lr_max`` (the rules hold while the rate is
+  small: at batch 16384 the square-root rule's 4e-3 from 5e-4 at 256 diverged on the synthetic market);
+* **target-network time constants in samples**: the soft factor ``learn.target_tau`` is the Polyak factor of
+  one update at the base batch; at batch ``B`` it is ``1 - (1 - tau)^(B / base_batch)``, so after any number
+  of samples the online weights' share in the target is the same at every batch. A hard copy every
+  ``learn.target_period`` updates at the base batch is a copy every ``period x base_batch / B`` updates;
+* **exploration and importance-weight schedules as fractions of the run's env steps**: epsilon decays over
+  ``learn.epsilon_decay_fraction`` of them, beta anneals from ``replay.beta_start`` to ``replay.beta_end``
+  over all of them;
+* **min_fill bounded by what the run collects**: updates start once ``min(replay.min_fill, one epoch's
+  transitions)`` are stored (and at least one batch can be sampled).
+
+:class:`Schedule` holds the values at one batch; the plan table and the run's report print it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fitdqn.config import Config, LearnConfig
+
+LR_SCALINGS = ("sqrt", "linear", "none")
+
+
+def scaled_lr(learn: LearnConfig, batch_size: int) -> float:
+    """``learn.lr`` (given at ``learn.base_batch``) for ``batch_size`` under ``learn.lr_scaling``; the rule scales
+    up to ``learn.lr_max`` (a ``learn.lr`` above it is kept as given)."""
+    ratio = batch_size / learn.base_batch
+    cap = max(learn.lr_max, learn.lr)
+    if learn.lr_scaling == "sqrt":
+        return min(learn.lr * math.sqrt(ratio), cap)
+    if learn.lr_scaling == "linear":
+        return min(learn.lr * ratio, cap)
+    if learn.lr_scaling == "none":
+        return learn.lr
+    raise ValueError(f"learn.lr_scaling must be one of {LR_SCALINGS}, got {learn.lr_scaling!r}")
+
+
+def target_tau_at(learn: LearnConfig, batch_size: int) -> float:
+    """Polyak factor per update at ``batch_size`` with the same time constant in samples as
+    ``learn.target_tau`` per update at ``learn.base_batch``."""
+    return 1.0 - (1.0 - learn.target_tau) ** (batch_size / learn.base_batch)
+
+
+def target_period_at(learn: LearnConfig, batch_size: int) -> int:
+    """Updates between hard target copies at ``batch_size``: ``learn.target_period`` updates at the base batch
+    in samples (at least 1)."""
+    return max(1, round(learn.target_period * learn.base_batch / batch_size))
+
+
+def updates_owed(sample_reuse: float, collected: int, samples_done: int, batch_size: int) -> int:
+    """Updates still owed after ``collected`` transitions, ``samples_done`` samples drawn so far."""
+    return max(0, math.floor((sample_reuse * collected - samples_done) / batch_size + 1e-9))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A run's budget at one batch size (module docstring): totals over the planned epochs and the derived
+    per-update values."""
+
+    batch_size: int
+    epochs: int
+    env_steps_per_epoch: int  # num_envs x steps_per_epoch
+    env_steps: int  # over the run
+    sample_reuse: float
+    samples: int  # drawn over the run: updates x batch (<= reuse x env_steps)
+    updates: int  # over the run
+    lr: float
+    target_update: str
+    target_tau: float  # per update (soft)
+    target_period: int  # updates (hard)
+    epsilon_decay_steps: int  # env steps
+    min_fill: int  # transitions stored before the first update
+    min_updates: int  # the floor below which the run is reported as too short
+
+    @classmethod
+    def from_config(cls, config: Config, batch_size: int) -> Schedule:
+        """The schedule of ``config`` (device values resolved: ``collect.num_envs`` > 0) at ``batch_size``."""
+        learn, train = config.learn, config.train
+        per_epoch = config.collect.num_envs * config.collect.steps_per_epoch
+        env_steps = per_epoch * train.epochs
+        updates = updates_owed(train.sample_reuse, env_steps, 0, batch_size)
+        return cls(
+            batch_size=batch_size,
+            epochs=train.epochs,
+            env_steps_per_epoch=per_epoch,
+            env_steps=env_steps,
+            sample_reuse=train.sample_reuse,
+            samples=updates * batch_size,
+            updates=updates,
+            lr=scaled_lr(learn, batch_size),
+            target_update=learn.target_update,
+            target_tau=target_tau_at(learn, batch_size),
+            target_period=target_period_at(learn, batch_size),
+            epsilon_decay_steps=max(1, round(learn.epsilon_decay_fraction * env_steps)),
+            min_fill=min(config.replay.min_fill, per_epoch),
+            min_updates=train.min_updates,
+        )
+
+    @property
+    def too_short(self) -> bool:
+        return self.updates < self.min_updates
+
+    def warning(self) -> str | None:
+        """What to change when the run makes fewer updates than ``train.min_updates``; else None."""
+        if not self.too_short:
+            return None
+        return (
+            f"this run makes only {self.updates:,} updates (train.min_updates = {self.min_updates:,}): "
+            f"{self.env_steps:,} env steps x train.sample_reuse {self.sample_reuse:g} / batch {self.batch_size:,}; "
+            "raise train.sample_reuse or train.epochs (or collect.steps_per_epoch), or give a smaller "
+            "--batch-size"
+        )
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(what, value) lines for the plan table and the report."""
+        target = (f"soft, tau {self.target_tau:.4g} per update" if self.target_update == "soft"
+                  else f"hard copy every {self.target_period:,} updates")
+        return [
+            ("env steps", f"{self.env_steps:,}  ({self.epochs} epochs x {self.env_steps_per_epoch:,})"),
+            ("updates", f"{self.updates:,}  at batch {self.batch_size:,}"),
+            ("samples", f"{self.samples:,}  (train.sample_reuse {self.sample_reuse:g} per env step)"),
+            ("learning rate", f"{self.lr:.4g}"),
+            ("target network", target),
+            ("epsilon decay", f"over {self.epsilon_decay_steps:,} env steps"),
+            ("updates start", f"after {self.min_fill:,} transitions"),
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
