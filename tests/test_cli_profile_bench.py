@@ -27,7 +27,7 @@ TINY = [
     "--net.window", "4", "--net.trunk_hidden", "64", "--net.d_model", "32", "--net.stream_hidden", "32",
     "--net.num_atoms", "11", "--net.iqn_embedding", "16", "--net.iqn_quantiles", "8", "--net.iqn_act_quantiles", "8",
     "--net.iql_hidden", "32", "--collect.num_envs", "16", "--replay.capacity", "4096", "--replay.min_fill", "128",
-    "--train.device", "cpu", "--train.sample_reuse", "1",
+    "--train.sample_reuse", "1", "--train.device", "cpu",  # the device last: the CUDA tests drop it (TINY[:-2])
 ]
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
