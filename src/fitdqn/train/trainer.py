@@ -205,8 +205,11 @@ class Trainer:
         start = time.perf_counter()
         if self.pending is None:
             self.beta.fill_(beta_at(self.config, self.env_steps_done))
-            self.pending = {"collected": self.collect(), "updates": 0}
+            self.pending = {"collected": self.collect(), "updates": 0}  # host sync: the collector's stats
+            self.pending["collect_seconds"] = time.perf_counter() - start
         collected = self.pending["collected"]
+        collect_seconds = self.pending["collect_seconds"]
+        update_start = time.perf_counter()
         if self.can_update():
             while self.updates_due() > 0:  # re-read after each update: an OOM re-plan changes the batch
                 done = self.train_updates(1)
@@ -221,11 +224,12 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
+        update_seconds = time.perf_counter() - update_start
         env_steps = self.schedule.env_steps_per_epoch
-        values.update({
+        values.update({  # each rate per second of its own phase (collection, updates)
             "collect_reward": collected["reward"] / env_steps, "collect_pnl": collected["pnl"],
-            "episodes_done": collected["episodes_done"], "env_steps_per_s": env_steps / seconds,
-            "updates_per_s": updates / seconds, "batch_size": self.batch_size,
+            "episodes_done": collected["episodes_done"], "env_steps_per_s": env_steps / max(collect_seconds, 1e-9),
+            "updates_per_s": updates / max(update_seconds, 1e-9), "batch_size": self.batch_size,
         })
         if self.device.type == "cuda":
             values["gpu_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
