@@ -7,7 +7,7 @@ For each batch size a fresh learner (default config, state_dim 80) is built, the
 - eager: ``--warmup`` updates, then ``--iters`` timed updates (CUDA events around each, median reported);
   peak activation bytes = ``torch.cuda.max_memory_allocated()`` during one update minus the memory
   allocated before it (parameters, gradients, Adam state and the batch already exist), divided by B;
-  ``traced`` is the same step traced by the planner (``fitdqn.budget.trace``, fake tensors, allocator
+  ``traced`` is the same step traced by the planner (``fitdqn.memory.trace``, fake tensors, allocator
   rounding) — the number the planner can get on any device, so the two can be compared;
 - graphed (CUDA only): ``capture_update`` (its warm-up included in the peak), then timed ``step(batch)``
   calls (input copy + replay); ``graph_pool`` is the memory the captured graph keeps reserved.
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from fitdqn.budget.build import trace_config
-from fitdqn.budget.trace import StepSetup, trace_step_memory
 from fitdqn.config import Config, config_to_dict, with_overrides
 from fitdqn.device.probe import probe
 from fitdqn.learn import Learner, capture_update, random_batch
+from fitdqn.memory.trace import StepSetup, trace_step_memory
 from fitdqn.nets.groups import parameter_groups
+from fitdqn.plan.build import trace_config
 
 DEFAULT_BATCHES = "64,256,1024,2048,4096,8192,16384"
 
@@ -99,7 +99,7 @@ def cuda_peak(fn, device: torch.device) -> int:
 
 
 def trace_update(config: Config, state_dim: int, device: torch.device, batch_size: int):
-    """The planner's trace of the same update (fake tensors; ``fitdqn.budget.trace``)."""
+    """The planner's trace of the same update (fake tensors; ``fitdqn.memory.trace``)."""
     # as the planner traces it: the IQN kernels and the precision the device will pick (the fake tensors may be
     # CPU ones standing in for CUDA tensors)
     config, _ = trace_config(config, probe(str(device)))

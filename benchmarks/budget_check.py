@@ -29,7 +29,12 @@ from pathlib import Path
 
 import torch
 
-from fitdqn.budget.build import (
+from fitdqn.config import Config, for_device, with_overrides
+from fitdqn.device import probe
+from fitdqn.market.features import NUM_FEATURES
+from fitdqn.memory.component import tensor_bytes
+from fitdqn.memory.trace import measure_step_memory
+from fitdqn.plan.build import (
     GRAPH_POOL_BATCHES,
     PlanInputs,
     build_components,
@@ -37,11 +42,6 @@ from fitdqn.budget.build import (
     network_fixed_bytes,
     trace_config,
 )
-from fitdqn.budget.component import tensor_bytes
-from fitdqn.budget.trace import measure_step_memory
-from fitdqn.config import Config, for_device, with_overrides
-from fitdqn.device import probe
-from fitdqn.market.features import NUM_FEATURES
 
 ALLOCATED_BY_STEP = ("replay", "her", "dqn", "attention", "iqn", "iql", "batch", "cuda_overhead")
 STEP_COMPONENTS = ("dqn", "attention", "iqn", "iql", "batch")  # their per-sample parts: the step's bytes

@@ -122,9 +122,9 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
     import torch
     from rich.console import Console
 
-    from fitdqn.budget.planner import InfeasiblePlan
     from fitdqn.config import with_overrides
     from fitdqn.device.probe import DeviceInfo
+    from fitdqn.plan.planner import InfeasiblePlan
     from fitdqn.train.oom import OomGuard
     from fitdqn.train.trainer import Trainer
 
@@ -295,8 +295,8 @@ def hold_ballast(free_bytes: int, device) -> int:
 
 def planned_driver_bytes(config, info) -> int:
     """The driver-side bytes the plan budgets for this device (its ``cuda_driver`` component)."""
-    from fitdqn.budget.build import device_overhead_components
     from fitdqn.config import for_device
+    from fitdqn.plan.build import device_overhead_components
 
     components = device_overhead_components(for_device(config, "cuda"), info)
     return sum(c.fixed_bytes for c in components if c.name == "cuda_driver")

@@ -23,8 +23,12 @@ import sys
 
 import torch
 
-from fitdqn.budget.allocator_model import ALLOC_CONF_VARIABLES, pool_usage
-from fitdqn.budget.build import (
+from fitdqn.config import Config, for_device, with_overrides
+from fitdqn.device import probe
+from fitdqn.device.graphs import capture_graph, captured_pool_bytes
+from fitdqn.memory.allocator_model import ALLOC_CONF_VARIABLES, pool_usage
+from fitdqn.memory.trace import per_sample_bytes, trace_step_memory
+from fitdqn.plan.build import (
     GRAPH_POOL_BATCHES,
     TRACE_BATCHES,
     PlanInputs,
@@ -33,10 +37,6 @@ from fitdqn.budget.build import (
     trace_config,
     tracer_for,
 )
-from fitdqn.budget.trace import per_sample_bytes, trace_step_memory
-from fitdqn.config import Config, for_device, with_overrides
-from fitdqn.device import probe
-from fitdqn.device.graphs import capture_graph, captured_pool_bytes
 
 
 def real_pool(make_step, batch_size: int, device: torch.device) -> dict:

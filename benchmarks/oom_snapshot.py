@@ -6,7 +6,7 @@
        PYTHONPATH=src python benchmarks/oom_snapshot.py record --card 4 --out oom_snapshot.pickle
 
 2. Anywhere: replay that snapshot's last CUDA-graph capture (the events from the first mapping of the newest
-   private pool) through :class:`fitdqn.budget.allocator_model.CachingAllocatorModel` and compare the pool
+   private pool) through :class:`fitdqn.memory.allocator_model.CachingAllocatorModel` and compare the pool
    the model builds from the *real* sequence with the real segments; print the live blocks by source line::
 
        PYTHONPATH=src python benchmarks/oom_snapshot.py replay oom_snapshot.pickle
@@ -28,7 +28,7 @@ import pickle
 import sys
 from pathlib import Path
 
-from fitdqn.budget.allocator_model import MIB
+from fitdqn.memory.allocator_model import MIB
 
 
 def record(card: float, out: str, emulation: str = "fraction") -> None:
@@ -65,7 +65,7 @@ def source_line(entry: dict) -> str:
 
 
 def replay(path: str, cap_bytes: int | None = None) -> None:
-    from fitdqn.budget.allocator_model import AllocatorCapExceeded, CachingAllocatorModel
+    from fitdqn.memory.allocator_model import AllocatorCapExceeded, CachingAllocatorModel
 
     with open(path, "rb") as file:
         snapshot = pickle.load(file)

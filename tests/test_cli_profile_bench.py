@@ -147,9 +147,9 @@ def test_profile_config_shortens_epochs_unless_given():
 def test_profile_command_flow_on_cpu(tmp_path, monkeypatch, capsys):
     """The measuring runs on any device; only the command asks for CUDA: with that check stubbed, the whole
     command runs on the CPU (rows, the rule, the file, the table)."""
-    import fitdqn.budget.calibrate
+    import fitdqn.plan.calibrate
 
-    monkeypatch.setattr(fitdqn.budget.calibrate, "require_cuda", lambda device, what="": None)
+    monkeypatch.setattr(fitdqn.plan.calibrate, "require_cuda", lambda device, what="": None)
     out = tmp_path / "profiles" / "cpu.toml"
     args = ["profile", *TINY, "--batches", "128,64", "--epochs-per-batch", "1", "--update-iters", "2",
             "--name", "cpu-test", "--out", str(out), "--json"]

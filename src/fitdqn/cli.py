@@ -249,8 +249,8 @@ def device_from_args(args: argparse.Namespace, config: Config) -> DeviceInfo:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from fitdqn.budget.plan_cache import plan_for_device  # cached: a repeated plan is instant
-    from fitdqn.budget.report import plot_plan, print_plan
+    from fitdqn.plan.plan_cache import plan_for_device  # cached: a repeated plan is instant
+    from fitdqn.plan.report import plot_plan, print_plan
 
     config = config_for(args)
     if args.calibrate:
@@ -273,10 +273,10 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def run_plan_calibrated(args: argparse.Namespace, config: Config) -> int:
     """``fitdqn plan --calibrate``: probe, plan, measure the real step, re-plan with the measurement."""
-    from fitdqn.budget.build import PlanInputs, plan_for_device
-    from fitdqn.budget.calibrate import calibrate, calibrated_plan, parse_batches, print_calibration, require_cuda
-    from fitdqn.budget.report import plot_plan, print_plan
     from fitdqn.config import for_device
+    from fitdqn.plan.build import PlanInputs, plan_for_device
+    from fitdqn.plan.calibrate import calibrate, calibrated_plan, parse_batches, print_calibration, require_cuda
+    from fitdqn.plan.report import plot_plan, print_plan
 
     if args.gpu or args.total_memory or args.free_memory:
         require_cuda(what_if(args.gpu or "what-if GPU", None, None))
@@ -291,7 +291,7 @@ def run_plan_calibrated(args: argparse.Namespace, config: Config) -> int:
     if args.plot:
         plot_plan(plan, args.plot)
     if args.json:
-        from fitdqn.budget.calibrate import comparison_rows
+        from fitdqn.plan.calibrate import comparison_rows
 
         record = {**plan.to_json(), "traced_plan": {"batch_size": traced.batch_size,
                                                      "per_sample_bytes": traced.per_sample_bytes,

@@ -2,12 +2,12 @@
 
 import pytest
 
-from fitdqn.budget.build import profile_name_of
-from fitdqn.budget.overhead import cuda_overhead_component
 from fitdqn.device import load_profiles, what_if
 from fitdqn.device.cards import find_card, shipped_cards
 from fitdqn.device.probe import what_if_device
 from fitdqn.device.profiles import profile_with_note
+from fitdqn.memory.overhead import cuda_overhead_component
+from fitdqn.plan.build import profile_name_of
 
 MIB, GIB = 2**20, 2**30
 

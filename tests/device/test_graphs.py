@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fitdqn.budget.component import Component
+from fitdqn.memory.component import Component
 from fitdqn.train.trainer import Trainer
 
 MIB = 2**20

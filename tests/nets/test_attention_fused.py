@@ -13,8 +13,8 @@ from storage_log import StorageLog
 from torch._subclasses.fake_tensor import FakeTensorMode
 from triton_interpreter import run_under_interpreter
 
-from fitdqn.budget.cuda_autocast import CudaAutocastOnCpu
-from fitdqn.budget.trace import measure_step_memory, trace_step_memory
+from fitdqn.memory.cuda_autocast import CudaAutocastOnCpu
+from fitdqn.memory.trace import measure_step_memory, trace_step_memory
 from fitdqn.nets.attention import LastTokenAttention
 from fitdqn.nets.attention_op import attention_core, last_token_attention
 

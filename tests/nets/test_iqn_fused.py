@@ -13,15 +13,15 @@ from storage_log import StorageLog
 from torch._subclasses.fake_tensor import FakeTensorMode
 from triton_interpreter import run_under_interpreter
 
-from fitdqn.budget.build import trace_config
-from fitdqn.budget.trace import measure_step_memory, trace_step_memory
 from fitdqn.config import Config, ConfigError, with_overrides
 from fitdqn.device import what_if
 from fitdqn.learn import Learner
+from fitdqn.memory.trace import measure_step_memory, trace_step_memory
 from fitdqn.nets import kernels
 from fitdqn.nets.iqn import IQNHead
 from fitdqn.nets.iqn_op import tile_geometry
 from fitdqn.nets.kernels import resolve_kernels
+from fitdqn.plan.build import trace_config
 
 D_MODEL, EMBEDDING, OUTPUTS = 256, 64, 15
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

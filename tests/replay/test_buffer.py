@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 import torch
-from replay_reference import (
+from scipy import stats
+from support.replay_reference import (
     GOAL_COLUMN,
     FakeEnv,
     absolute_step,
@@ -9,7 +10,6 @@ from replay_reference import (
     nstep_reference,
     transition_spec,
 )
-from scipy import stats
 
 from fitdqn.replay import ReplayBuffer
 

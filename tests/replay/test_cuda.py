@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from replay_reference import GOAL_COLUMN, FakeEnv, goal_reward, transition_spec
+from support.replay_reference import GOAL_COLUMN, FakeEnv, goal_reward, transition_spec
 
 from fitdqn.replay import ReplayBuffer, SumTree, sum_tree_triton
 

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from replay_reference import FakeEnv, transition_spec
+from support.replay_reference import FakeEnv, transition_spec
 
 from fitdqn.replay.spec import FieldSpec, bytes_per_transition, check_rows, storage_bytes
 from fitdqn.replay.storage import RingStorage

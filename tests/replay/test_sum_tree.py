@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 import torch
-from replay_reference import tree_reference_find
 from scipy import stats
+from support.replay_reference import tree_reference_find
 
 from fitdqn.replay.sum_tree import SumTree, level_sizes, sum_tree_bytes
 

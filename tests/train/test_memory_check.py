@@ -1,7 +1,7 @@
-from fitdqn.budget.component import Component
-from fitdqn.budget.planner import make_plan
 from fitdqn.config import Config
 from fitdqn.device import load_profiles, what_if
+from fitdqn.memory.component import Component
+from fitdqn.plan.planner import make_plan
 from fitdqn.train.memory_check import peak_memory_row
 
 MIB = 2**20

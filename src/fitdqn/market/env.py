@@ -61,13 +61,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fitdqn.budget.component import tensor_bytes
 from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec
 from fitdqn.market.data import Split
 from fitdqn.market.features import NUM_FEATURES
 from fitdqn.market.loader import Market, load_market
 from fitdqn.market.observation import build_observation
+from fitdqn.memory.component import tensor_bytes
 from fitdqn.replay.spec import FieldSpec
 
 AGENT_FIELDS: tuple[str, ...] = (

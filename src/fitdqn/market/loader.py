@@ -16,11 +16,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from fitdqn.budget.component import tensor_bytes
 from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec, check_contract_fits, contract_for, shipped_contract_for
 from fitdqn.market.data import Split, bars_from_config, bars_per_year, split_bars
 from fitdqn.market.features import NUM_FEATURES, WARMUP, atr, bar_tensors, compute_features, has_volume
+from fitdqn.memory.component import tensor_bytes
 
 ATR_PERIOD = 14  # the ATR the env sizes stops and take-profits with (the state's atr feature uses it too)
 PRICE_COLUMNS = ("open", "high", "low", "close")

@@ -37,7 +37,7 @@ blocks of many queries; with one query per sample they were slower here. Measure
 B = 8192, W = 8, fwd + bwd of this block alone): cuDNN SDPA (PyTorch's default there) 1.17 ms,
 memory-efficient 1.37 ms, flash 3.59 ms, math 1.52 ms, this elementwise form 0.91 ms with the same peak
 memory (21 KB/sample); the whole graphed update went from 10.4 to 10.0 ms. It also runs the same ops on
-every device, so a memory trace on the CPU (``fitdqn.budget``) sees what the GPU allocates (SDPA picks a
+every device, so a memory trace on the CPU (``fitdqn.memory.trace``) sees what the GPU allocates (SDPA picks a
 different kernel, with different saved tensors and workspaces, per device).
 """
 

@@ -21,7 +21,7 @@ fp32 (:data:`fitdqn.nets.iqn_op.FUSED_DTYPES`); everywhere else (and for fp64 on
 gradient :func:`attention_core_grads`).
 
 Why an operator (as ``fitdqn::iqn_quantile_head``): the memory planner traces the update on fake tensors
-(``fitdqn.budget.trace``, often fake *CPU* tensors standing in for CUDA ones) and counts every storage an op
+(``fitdqn.memory.trace``, often fake *CPU* tensors standing in for CUDA ones) and counts every storage an op
 returns. The fake kernels (``register_fake``) allocate exactly what the Triton path allocates, whatever device
 the fake tensors claim:
 

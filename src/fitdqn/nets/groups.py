@@ -2,7 +2,7 @@
 
 Every submodule of the networks carries a ``memory_group`` attribute (set by :func:`tag`), so a forward
 hook can attribute what a module allocates to one of the four groups (see
-``fitdqn.budget.attribution``). :func:`parameter_groups` lists each group's top-level modules so the
+``fitdqn.memory.attribution``). :func:`parameter_groups` lists each group's top-level modules so the
 planner can count parameters, target copies, gradients and Adam states per group.
 
 - ``dqn``: the per-token trunk MLP (state -> trunk_hidden -> d_model) and the branching dueling C51 head;

@@ -7,7 +7,7 @@ Kernels: on CUDA the fused Triton kernels of :mod:`fitdqn.nets.iqn_triton` (comp
 fp32); everywhere else (and for fp64 on CUDA) the chunked PyTorch maths, ``chunk`` quantiles at a time.
 
 Why an operator and not an ``autograd.Function``: the memory planner traces the update on fake tensors
-(``fitdqn.budget.trace``, often fake *CPU* tensors standing in for CUDA ones) and counts every storage an op
+(``fitdqn.memory.trace``, often fake *CPU* tensors standing in for CUDA ones) and counts every storage an op
 returns. Its fake kernels (``register_fake``) allocate exactly what the Triton path allocates, whatever
 device the fake tensors claim, so the trace of a CUDA target sees the GPU's bytes:
 

@@ -3,8 +3,8 @@
 Everything lives on the training device; write / sample / update_priorities make no host sync.
 """
 
+from fitdqn.plan.replay_share import her_component, plan_capacity, replay_component
 from fitdqn.replay.buffer import REQUIRED_FIELDS, ReplayBuffer
-from fitdqn.replay.components import her_component, plan_capacity, replay_component
 from fitdqn.replay.spec import FieldSpec, TransitionSpec, bytes_per_transition, check_rows, storage_bytes
 from fitdqn.replay.storage import RingStorage
 from fitdqn.replay.sum_tree import SumTree

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fitdqn.budget.component import tensor_bytes
+from fitdqn.memory.component import tensor_bytes
 
 
 @dataclass(frozen=True)

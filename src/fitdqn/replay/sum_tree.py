@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from fitdqn.budget.component import tensor_bytes
+from fitdqn.memory.component import tensor_bytes
 from fitdqn.replay import sum_tree_triton
 
 DTYPE = torch.float64

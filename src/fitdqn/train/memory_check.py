@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fitdqn.budget.planner import Plan
 from fitdqn.device.sizes import format_bytes
+from fitdqn.plan.planner import Plan
 
 PHASE_COMPONENTS = {
     "replay": ("replay",),

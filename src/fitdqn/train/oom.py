@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from fitdqn.budget.build import PlanInputs, build_components
 from fitdqn.device.probe import system_memory
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
+from fitdqn.plan.build import PlanInputs, build_components
 
 REPLAN_ROUNDS = 4  # traced candidates per re-plan (as budget.build.refine_auto_batch)
 REPLAN_CONVERGED = 0.01  # stop when the next candidate would move the batch by less than this fraction

@@ -39,12 +39,12 @@ from typing import Any
 import tomli_w
 import torch
 
-from fitdqn.budget.build import sampleable_capacity
 from fitdqn.config import Config, with_overrides
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.device.profiles import Profile, parse_profile
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
+from fitdqn.plan.build import sampleable_capacity
 
 TOLERANCE = 0.05  # a batch within 5 % of the best full-epoch samples/s is as good as the best
 RISE = 0.01  # past budget.max_batch, batches are doubled while samples/s rises by more than this per doubling
@@ -298,7 +298,7 @@ def driver_memory(device: DeviceInfo) -> tuple[int, int] | None:
 def driver_side_bytes(before: tuple[int, int] | None, after: tuple[int, int] | None) -> int | None:
     """What the driver took outside the allocator between two ``driver_memory`` readings (kernel images loaded
     lazily, cuBLAS handles, graph executables): ``calibrate.driver_overhead`` of them."""
-    from fitdqn.budget.calibrate import driver_overhead
+    from fitdqn.plan.calibrate import driver_overhead
 
     if before is None or after is None:
         return None
@@ -335,8 +335,8 @@ def run_profile_command(args, config: Config) -> int:
 
     from rich.console import Console
 
-    from fitdqn.budget.calibrate import require_cuda
     from fitdqn.cli_args import DEST_PREFIX
+    from fitdqn.plan.calibrate import require_cuda
 
     console = Console()
     if args.epochs_per_batch < 1 or args.update_iters < 1:

@@ -34,7 +34,6 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fitdqn.budget.report import plot_plan, print_plan
 from fitdqn.config import Config, TrainConfig, load_config, validate
 from fitdqn.device.probe import probe
 from fitdqn.device.sizes import format_bytes
@@ -44,6 +43,7 @@ from fitdqn.evaluate.plots import plot_equity, plot_learning_curves
 from fitdqn.evaluate.report import TABLE_WIDTH, policy_label, run_markdown, split_verdict
 from fitdqn.files import remove_stale_temp_files
 from fitdqn.market.loader import Market
+from fitdqn.plan.report import plot_plan, print_plan
 from fitdqn.train.checkpoint import atomic_write_text, checkpoint_summary, load_checkpoint, save_checkpoint
 from fitdqn.train.logs import METRICS_NAME, TENSORBOARD_DIR, RunLogger, read_jsonl
 from fitdqn.train.memory_check import format_rows, peak_memory_row

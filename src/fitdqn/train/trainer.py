@@ -18,8 +18,6 @@ from typing import Any
 
 import torch
 
-from fitdqn.budget.build import PlanInputs, plan_for_device
-from fitdqn.budget.planner import Plan
 from fitdqn.collect.collector import Collector
 from fitdqn.config import Config, config_to_dict, dump_config, for_device
 from fitdqn.device.graphs import capture_graph
@@ -30,6 +28,8 @@ from fitdqn.learn.schedule import Schedule, updates_owed
 from fitdqn.market.env import GOAL_COLUMN, FuturesEnv, RewardScale, resolve_reward
 from fitdqn.market.loader import Market, load_market
 from fitdqn.market.observation import build_observation
+from fitdqn.plan.build import PlanInputs, plan_for_device
+from fitdqn.plan.planner import Plan
 from fitdqn.replay.buffer import ReplayBuffer
 from fitdqn.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
 from fitdqn.train.memory_check import AllocationLedger

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fitdqn.budget.attribution import OTHER
-from fitdqn.budget.live_bytes import LiveBytes, round_block
-from fitdqn.budget.trace import (
+from fitdqn.memory.attribution import OTHER
+from fitdqn.memory.live_bytes import LiveBytes, round_block
+from fitdqn.memory.trace import (
     AutocastUnavailable,
     NoCudaDevice,
     StepSetup,

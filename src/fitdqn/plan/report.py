@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from fitdqn.budget.planner import Plan
 from fitdqn.device.sizes import format_bytes
 from fitdqn.files import atomic_savefig
+from fitdqn.plan.planner import Plan
 
 if TYPE_CHECKING:  # the run's budget and reward scale are printed beside the plan, not planned
     from fitdqn.learn.schedule import Schedule

@@ -10,7 +10,7 @@ log through ``CachingAllocatorModel`` and ``graph_pool_bytes`` returns the pool'
 
 Rules modelled, read in ``c10/cuda/CUDACachingAllocator.cpp`` (``DeviceCachingAllocator``) of pytorch/pytorch
 at two revisions (an older one, and a newer one whose ``ExpandableSegment`` takes an optional stream); torch
-2.11's own file was not at hand, so ``tests/budget/test_allocator_model.py`` (GPU part) and
+2.11's own file was not at hand, so ``tests/memory/test_allocator_model.py`` (GPU part) and
 ``benchmarks/graph_pool_check.py`` compare with a real pool. Each rule names the function it comes from:
 
 - ``round_size``: a request is rounded up to a multiple of 512 bytes (``kMinBlockSize``), 512 at least.
@@ -78,14 +78,13 @@ samples on; the page rounding jumps by up to a page per pool.
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from fitdqn.budget.live_bytes import BLOCK_BYTES, AllocEvent, round_block
-
-if TYPE_CHECKING:
-    from fitdqn.budget.trace import StepTrace
+from fitdqn.device.probe import ALLOCATOR_CONFIG
+from fitdqn.memory.live_bytes import BLOCK_BYTES, AllocEvent, round_block
+from fitdqn.memory.trace import StepTrace, line_above
 
 MIB = 1 << 20
 MIN_BLOCK = BLOCK_BYTES  # kMinBlockSize
@@ -434,10 +433,6 @@ def expandable_segments_enabled(config: str | None = None) -> bool:
     expandable_segments:True,...``). By default the environment's (``PYTORCH_ALLOC_CONF``, else
     ``PYTORCH_CUDA_ALLOC_CONF``), else fitdqn's own default (``device.probe.configure_allocator``), which the
     trainer sets before its first CUDA allocation."""
-    import os
-
-    from fitdqn.device.probe import ALLOCATOR_CONFIG
-
     if config is None:
         config = next((os.environ[name] for name in ALLOC_CONF_VARIABLES if os.environ.get(name)),
                       ALLOCATOR_CONFIG)
@@ -481,8 +476,6 @@ def pool_line(points: tuple[tuple[int, int, PoolUsage], tuple[int, int, PoolUsag
     added as one 20 MiB and one 2 MiB page (an upper bound: less than a page each). The default allocator's
     reserved bytes are fitted as they are: they jump with the segment sizes, so that line is rougher.
     """
-    from fitdqn.budget.trace import line_above
-
     ordered = sorted(points, key=lambda p: p[0])
     usages = tuple(usage for _, _, usage in ordered)
     extra = tuple((u.footprint_bytes if expandable else u.reserved_bytes) - step for (_, step, u) in ordered)

@@ -1,12 +1,12 @@
 import dataclasses
 
 import pytest
-from replay_reference import transition_spec
+from support.replay_reference import transition_spec
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.errors import UserError
+from fitdqn.plan.replay_share import replay_fixed_bytes
 from fitdqn.replay import ReplayBuffer, bytes_per_transition, her_component, replay_component
-from fitdqn.replay.components import replay_fixed_bytes
 from fitdqn.replay.sum_tree import sum_tree_bytes
 
 

@@ -17,7 +17,10 @@ import pytest
 import torch
 from torch import nn
 
-from fitdqn.budget.allocator_model import (
+from fitdqn.config import Config, for_device, with_overrides
+from fitdqn.device import what_if
+from fitdqn.device.graphs import capture_graph, captured_pool_bytes
+from fitdqn.memory.allocator_model import (
     ALLOC_CONF_VARIABLES,
     LARGE_BUFFER,
     MIB,
@@ -30,18 +33,15 @@ from fitdqn.budget.allocator_model import (
     pool_usage,
     replay_events,
 )
-from fitdqn.budget.build import (
+from fitdqn.memory.live_bytes import AllocEvent, LiveBytes
+from fitdqn.memory.trace import StepSetup, trace_step_memory
+from fitdqn.plan.build import (
     GRAPH_POOL_BATCHES,
     cuda_graphs_component,
     make_train_step,
     trace_config,
     tracer_for,
 )
-from fitdqn.budget.live_bytes import AllocEvent, LiveBytes
-from fitdqn.budget.trace import StepSetup, trace_step_memory
-from fitdqn.config import Config, for_device, with_overrides
-from fitdqn.device import what_if
-from fitdqn.device.graphs import capture_graph, captured_pool_bytes
 
 
 def model(expandable: bool = False, **options) -> CachingAllocatorModel:

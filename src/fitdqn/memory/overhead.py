@@ -15,14 +15,14 @@
 
 CUDA-graph pools hold the captured step's activations (the networks' per-sample bytes) plus what the caching
 allocator's segments and fragmentation add on top: that slack is the separate ``cuda_graphs`` component, from
-an allocator model replayed over the traced step (``fitdqn.budget.allocator_model``).
+an allocator model replayed over the traced step (``fitdqn.memory.allocator_model``).
 """
 
 from __future__ import annotations
 
 import os
 
-from fitdqn.budget.component import Component
+from fitdqn.memory.component import Component
 
 DEFAULT_STREAMS = 2
 HOPPER_RULE = ":4096:8"  # PyTorch's CUBLAS_WORKSPACE_CONFIG default on compute capability 9.0

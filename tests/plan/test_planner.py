@@ -1,9 +1,9 @@
 import pytest
 
-from fitdqn.budget import Component
-from fitdqn.budget.planner import InfeasiblePlan, make_plan
 from fitdqn.config import BudgetConfig
 from fitdqn.device import load_profiles, match_profile, what_if
+from fitdqn.memory import Component
+from fitdqn.plan.planner import InfeasiblePlan, make_plan
 
 GIB = 2**30
 
@@ -93,8 +93,8 @@ def test_an_auto_batch_never_exceeds_what_the_replay_can_serve():
 
 
 def test_the_replays_sampleable_capacity_and_a_replay_that_never_fills():
-    from fitdqn.budget.build import sampleable_capacity
     from fitdqn.config import Config, with_overrides
+    from fitdqn.plan.build import sampleable_capacity
 
     config = with_overrides(Config(), {"collect.num_envs": 1024, "learn.n_step": 3, "replay.min_fill": 1000})
     # the last n_step - 1 lockstep steps wait for their n-step window (replay.sampler.sampleable_steps)
@@ -104,8 +104,8 @@ def test_the_replays_sampleable_capacity_and_a_replay_that_never_fills():
 
 
 def test_a_small_replay_caps_the_planned_auto_batch(tmp_path):
-    from fitdqn.budget.build import plan_for_device
     from fitdqn.config import Config, with_overrides
+    from fitdqn.plan.build import plan_for_device
 
     config = with_overrides(Config(), {
         "market.data": "synthetic", "market.synthetic_bars": 600, "net.window": 4, "net.trunk_hidden": 32,

@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from fitdqn.budget.build import TRACE_BATCHES, make_train_step, plan_for_device
-from fitdqn.budget.planner import InfeasiblePlan
-from fitdqn.budget.trace import check_linearity
 from fitdqn.cli import main
 from fitdqn.config import Config, for_device, with_overrides
 from fitdqn.device import what_if
+from fitdqn.memory.trace import check_linearity
+from fitdqn.plan.build import TRACE_BATCHES, make_train_step, plan_for_device
+from fitdqn.plan.planner import InfeasiblePlan
 
 GIB = 2**30
 REQUIRED = {"replay", "her", "collector", "cuda_overhead", "dqn", "attention", "iqn", "iql"}
@@ -94,8 +94,8 @@ def driver_profile(folder, name: str, pattern: str, driver: str) -> None:
 
 
 def test_cuda_driver_is_the_profiles_driver_bytes_else_the_defaults(tmp_path):
-    from fitdqn.budget.build import device_overhead_components
-    from fitdqn.budget.overhead import cuda_overhead_component
+    from fitdqn.memory.overhead import cuda_overhead_component
+    from fitdqn.plan.build import device_overhead_components
 
     driver_profile(tmp_path, "testcard", "Test Card", "driver_bytes = 300000000")
     driver_profile(tmp_path, "default", "^$", "driver_bytes = 200000000")
@@ -110,10 +110,10 @@ def test_cuda_driver_is_the_profiles_driver_bytes_else_the_defaults(tmp_path):
 
 
 def test_an_auto_batch_beyond_the_fitted_lines_is_checked_by_a_trace_at_itself():
-    from fitdqn.budget.build import PlanInputs, build_components, network_fixed_bytes, trace_config
-    from fitdqn.budget.planner import make_plan
-    from fitdqn.budget.trace import trace_step_memory
     from fitdqn.device.profiles import load_profiles, match_profile
+    from fitdqn.memory.trace import trace_step_memory
+    from fitdqn.plan.build import PlanInputs, build_components, network_fixed_bytes, trace_config
+    from fitdqn.plan.planner import make_plan
 
     device = what_if("NVIDIA H200", 141 * GIB, int(1.7 * GIB))
     config = for_device(synthetic(**{"budget.batch_size": 0}), device.kind)
@@ -141,10 +141,10 @@ def test_an_auto_batch_beyond_the_fitted_lines_is_checked_by_a_trace_at_itself()
 
 @pytest.mark.parametrize("curvature", [-2e-3, 0.0, 5e-3])  # the step's bytes grow slower / as / faster than B
 def test_refining_an_auto_batch_finds_the_largest_that_fits_and_never_more(monkeypatch, curvature):
-    from fitdqn.budget import build
-    from fitdqn.budget.component import Component
-    from fitdqn.budget.planner import make_plan
     from fitdqn.device.profiles import load_profiles, match_profile
+    from fitdqn.memory.component import Component
+    from fitdqn.plan import build
+    from fitdqn.plan.planner import make_plan
 
     fixed, free = 500 * 2**20, 4 * GIB
     need = lambda b: int(40_000 * b + curvature * b * b)  # noqa: E731  # the step's exact bytes at batch b

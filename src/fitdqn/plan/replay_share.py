@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from fitdqn.budget.component import Component, tensor_bytes
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
+from fitdqn.memory.component import Component, tensor_bytes
 from fitdqn.replay.buffer import ReplayBuffer
 from fitdqn.replay.spec import TransitionSpec, bytes_per_transition
 

@@ -20,12 +20,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fitdqn.budget.component import Component
-from fitdqn.budget.planner import Plan
-from fitdqn.budget.trace_cache import TraceCache, cache_folder, trace_key
 from fitdqn.config import Config, config_to_dict
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import load_profiles
+from fitdqn.memory.component import Component
+from fitdqn.plan.planner import Plan
+from fitdqn.plan.trace_cache import TraceCache, cache_folder, trace_key
 
 PLAN_ENVIRONMENT = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
                     "TORCH_CUBLASLT_WORKSPACE_SIZE")
@@ -111,7 +111,7 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs=None) -> Plan:
     if plan is not None:
         return plan
     # imported here, not above: a plan found in the cache needs none of the system's modules (seconds of imports)
-    from fitdqn.budget import build
+    from fitdqn.plan import build
 
     plan = build.plan_for_device(config, device, inputs)
     store_plan(config, key, plan)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fitdqn.budget.component import Component
 from fitdqn.config import BudgetConfig
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import Profile
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
+from fitdqn.memory.component import Component
 
 ALLOCATION_ORDER = ("replay", "her", "collector", "cuda_overhead", "cuda_driver", "dqn", "attention", "iqn", "iql")
 

@@ -52,10 +52,10 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fitdqn.budget.attribution import GroupOwner
-from fitdqn.budget.cuda_autocast import CudaAutocastOnCpu
-from fitdqn.budget.kernel_scratch import CudaShape, cuda_kernel_scratch
-from fitdqn.budget.live_bytes import AllocEvent, LiveBytes, LiveStorage, large_blocks
+from fitdqn.memory.attribution import GroupOwner
+from fitdqn.memory.cuda_autocast import CudaAutocastOnCpu
+from fitdqn.memory.kernel_scratch import CudaShape, cuda_kernel_scratch
+from fitdqn.memory.live_bytes import AllocEvent, LiveBytes, LiveStorage, large_blocks
 
 
 class StepSetup(NamedTuple):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fitdqn.budget import build, plan_cache, trace_cache
-from fitdqn.budget.trace_cache import TraceCache, TraceSummary, cache_folder, trace_key
 from fitdqn.config import Config, with_overrides
 from fitdqn.device import what_if
+from fitdqn.plan import build, plan_cache, trace_cache
+from fitdqn.plan.trace_cache import TraceCache, TraceSummary, cache_folder, trace_key
 
 GIB = 2**30
 SMALL = {
@@ -140,7 +140,7 @@ def test_a_repeated_plan_command_imports_nothing_of_the_system(tmp_path):
         f"args = ['plan', '--gpu', 'rtx3050', '--free-memory', '1GiB', '--batch-size', '0', '--json', "
         f"'--budget.trace_cache_dir', {str(tmp_path)!r}] + {[f'--{k}={v}' for k, v in SMALL.items()]!r}\n"
         "assert main(args) == 0\n"
-        "print('IMPORTED', 'fitdqn.budget.build' in sys.modules, 'fitdqn.market' in sys.modules)\n"
+        "print('IMPORTED', 'fitdqn.plan.build' in sys.modules, 'fitdqn.market' in sys.modules)\n"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)

@@ -5,8 +5,14 @@ import dataclasses
 import pytest
 import torch
 
-from fitdqn.budget.build import make_train_step
-from fitdqn.budget.calibrate import (
+from fitdqn.config import BudgetConfig, Config, for_device, with_overrides
+from fitdqn.device.probe import DeviceInfo, what_if
+from fitdqn.device.profiles import load_profiles
+from fitdqn.memory.component import Component
+from fitdqn.memory.overhead import cuda_driver_component, cuda_overhead_component
+from fitdqn.memory.trace import trace_step_memory
+from fitdqn.plan.build import make_train_step
+from fitdqn.plan.calibrate import (
     STEP_COMPONENTS,
     Calibration,
     CalibrationError,
@@ -20,13 +26,7 @@ from fitdqn.budget.calibrate import (
     parse_batches,
     require_cuda,
 )
-from fitdqn.budget.component import Component
-from fitdqn.budget.overhead import cuda_driver_component, cuda_overhead_component
-from fitdqn.budget.planner import make_plan
-from fitdqn.budget.trace import trace_step_memory
-from fitdqn.config import BudgetConfig, Config, for_device, with_overrides
-from fitdqn.device.probe import DeviceInfo, what_if
-from fitdqn.device.profiles import load_profiles
+from fitdqn.plan.planner import make_plan
 
 GIB = 2**30
 TINY = {
@@ -162,7 +162,7 @@ def test_components_outside_the_step_keep_their_per_sample_bytes():
 def test_print_calibration_shows_every_group(capsys):
     from rich.console import Console
 
-    from fitdqn.budget.calibrate import print_calibration
+    from fitdqn.plan.calibrate import print_calibration
 
     device = dataclasses.replace(what_if("Test GPU", 80 * GIB, 70 * GIB), compute_capability=(9, 0))
     traced = make_plan(device, load_profiles()["default"], BudgetConfig(batch_size=0), plan_components(), 123)
@@ -193,7 +193,7 @@ def test_live_bytes_on_real_cpu_tensors_match_the_fake_trace():
 
 def test_calibrate_flow_on_cpu_with_the_cuda_calls_stubbed(monkeypatch):
     """Every line of ``calibrate`` but the CUDA readings runs here: trace, live split, driver bytes, the line."""
-    import fitdqn.budget.calibrate as calibrate_module
+    import fitdqn.plan.calibrate as calibrate_module
 
     measured = {}
 
@@ -238,9 +238,9 @@ def test_parse_batches():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_calibrate_on_the_gpu():
-    from fitdqn.budget.build import PlanInputs, plan_for_device
-    from fitdqn.budget.calibrate import calibrate
     from fitdqn.device.probe import probe
+    from fitdqn.plan.build import PlanInputs, plan_for_device
+    from fitdqn.plan.calibrate import calibrate
 
     config = for_device(with_overrides(Config(), {**TINY, "learn.precision": "auto", "collect.num_envs": 256,
                                                   "replay.compile": False, "budget.batch_size": 0}), "cuda")

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import fitdqn
-from fitdqn.budget.allocator_model import PoolUsage
+from fitdqn.memory.allocator_model import PoolUsage
 
 CACHE_FORMAT = 1
 OFF = "off"
@@ -50,7 +50,7 @@ class TraceSummary:
 
     @classmethod
     def of(cls, trace, with_pools: bool) -> TraceSummary:
-        from fitdqn.budget.allocator_model import pool_usage
+        from fitdqn.memory.allocator_model import pool_usage
 
         pools = {mode: pool_usage(trace, mode == "expandable") for mode in ("expandable", "default")} \
             if with_pools else {}

@@ -1,6 +1,6 @@
 """`fitdqn plan --calibrate`: measure the real training step on this GPU and correct the plan with it.
 
-The plan's per-sample bytes come from tracing the step on fake tensors (``fitdqn.budget.trace``); what a
+The plan's per-sample bytes come from tracing the step on fake tensors (``fitdqn.memory.trace``); what a
 trace cannot see (kernel scratch inside an op, allocator rounding of large blocks, a kernel the GPU picks that
 saves more for backward) only a real run shows. Calibration runs the same captured step the trainer runs
 (``budget.build.make_train_step``: sample -> update -> priorities) on the GPU at two small batches:
@@ -42,12 +42,15 @@ from typing import Any
 
 import torch
 
-from fitdqn.budget.attribution import OTHER, GroupOwner
-from fitdqn.budget.component import Component
-from fitdqn.budget.live_bytes import LiveBytes
-from fitdqn.budget.overhead import cuda_driver_component
-from fitdqn.budget.planner import Plan, make_plan
-from fitdqn.budget.trace import (
+from fitdqn.config import Config, for_device
+from fitdqn.device.probe import DeviceInfo
+from fitdqn.device.sizes import format_bytes
+from fitdqn.errors import UserError
+from fitdqn.memory.attribution import OTHER, GroupOwner
+from fitdqn.memory.component import Component
+from fitdqn.memory.live_bytes import LiveBytes
+from fitdqn.memory.overhead import cuda_driver_component
+from fitdqn.memory.trace import (
     MakeStep,
     StepTrace,
     fit_line,
@@ -55,10 +58,7 @@ from fitdqn.budget.trace import (
     per_sample_bytes,
     traced_step,
 )
-from fitdqn.config import Config, for_device
-from fitdqn.device.probe import DeviceInfo
-from fitdqn.device.sizes import format_bytes
-from fitdqn.errors import UserError
+from fitdqn.plan.planner import Plan, make_plan
 
 DEFAULT_BATCHES = (64, 256)
 CALIBRATION_STEPS = 64  # lockstep steps of num_envs transitions in the calibration replay
@@ -259,7 +259,7 @@ def require_cuda(device: DeviceInfo, what: str = "--calibrate measures the step"
 def calibrate(config: Config, device: DeviceInfo, num_bars: int,
               batches: tuple[int, int] = DEFAULT_BATCHES) -> Calibration:
     """Measure the real step on ``device`` (a CUDA GPU) at ``batches``; see the module docstring."""
-    from fitdqn.budget.build import make_train_step, trace_config
+    from fitdqn.plan.build import make_train_step, trace_config
 
     require_cuda(device)
     config = for_device(config, device.kind)

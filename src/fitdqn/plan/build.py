@@ -1,21 +1,21 @@
 """From config + device to a Plan: every consumer as a component, derived from the real objects.
 
 - ``replay`` / ``her``: from the env's transition spec and a ReplayBuffer built on the 'meta' device, sized
-  from the probed free memory (``fitdqn.replay.components``).
+  from the probed free memory (``fitdqn.plan.replay_share``).
 - ``collector``: the market tensors on the device, the env's state, and the peak of one collector step
   (``Learner.act`` on ``collect.num_envs`` observations + ``env.step``), traced on fake tensors.
-- ``cuda_overhead``: cuBLAS/cuBLASLt workspaces per stream (``fitdqn.budget.overhead``).
+- ``cuda_overhead``: cuBLAS/cuBLASLt workspaces per stream (``fitdqn.memory.overhead``).
 - ``dqn``, ``attention``, ``iqn``, ``iql``: parameters (+ target copy) + gradients + Adam moments counted from
   the real modules' shapes and dtypes, plus each group's share of the traced training step.
 - ``batch``: what the traced step allocates outside the four network groups (the sampled batch, the
   observations built from it, loss and optimizer temporaries) minus the replay's own sampling scratch.
 - ``cuda_graphs``: on CUDA with ``train.cuda_graphs``, the captured update's private pool reserves more than
   the step's live peak (segments, page rounding, fragmentation): the traced step's allocations replayed
-  through a model of the caching allocator (``fitdqn.budget.allocator_model``), minus the live peak the
+  through a model of the caching allocator (``fitdqn.memory.allocator_model``), minus the live peak the
   components above already budget, at ``GRAPH_POOL_BATCHES``.
 
 The training step traced is the one the trainer captures: ``replay.sample -> Learner.update ->
-replay.update_priorities``, on fake tensors (``fitdqn.budget.trace``), at two batch sizes.
+replay.update_priorities``, on fake tensors (``fitdqn.memory.trace``), at two batch sizes.
 """
 
 from __future__ import annotations
@@ -26,31 +26,6 @@ from dataclasses import dataclass
 
 import torch
 
-from fitdqn.budget.allocator_model import (
-    LARGE_BUFFER,
-    SMALL_BUFFER,
-    expandable_segments_enabled,
-    pool_line,
-)
-from fitdqn.budget.component import Component
-from fitdqn.budget.kernel_scratch import CudaShape
-from fitdqn.budget.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
-from fitdqn.budget.plan_cache import data_provenance
-from fitdqn.budget.planner import InfeasiblePlan, Plan, make_plan
-from fitdqn.budget.trace import (
-    StepSetup,
-    fake_device_for,
-    line_above,
-    trace_step_memory,
-)
-from fitdqn.budget.trace_cache import (
-    TraceCache,
-    TraceSummary,
-    cache_folder,
-    key_digest,
-    trace_key,
-    traced_config_fields,
-)
 from fitdqn.config import Config, config_to_dict, for_device
 from fitdqn.device.cards import find_card
 from fitdqn.device.probe import DeviceInfo
@@ -59,9 +34,34 @@ from fitdqn.device.sizes import format_bytes
 from fitdqn.market.env import GOAL_COLUMN, NUM_AGENT_FIELDS, env_state_bytes, transition_spec
 from fitdqn.market.features import NUM_FEATURES
 from fitdqn.market.observation import build_observation
+from fitdqn.memory.allocator_model import (
+    LARGE_BUFFER,
+    SMALL_BUFFER,
+    expandable_segments_enabled,
+    pool_line,
+)
+from fitdqn.memory.component import Component
+from fitdqn.memory.kernel_scratch import CudaShape
+from fitdqn.memory.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
+from fitdqn.memory.trace import (
+    StepSetup,
+    fake_device_for,
+    line_above,
+    trace_step_memory,
+)
 from fitdqn.nets.groups import MEMORY_GROUPS, parameter_groups
 from fitdqn.nets.kernels import resolve_kernels
-from fitdqn.replay.components import ReplayTooSmall, her_component, replay_component, replay_sample_bytes
+from fitdqn.plan.plan_cache import data_provenance
+from fitdqn.plan.planner import InfeasiblePlan, Plan, make_plan
+from fitdqn.plan.replay_share import ReplayTooSmall, her_component, replay_component, replay_sample_bytes
+from fitdqn.plan.trace_cache import (
+    TraceCache,
+    TraceSummary,
+    cache_folder,
+    key_digest,
+    trace_key,
+    traced_config_fields,
+)
 
 TRACE_BATCHES = (512, 1024)
 # The graph pool's fragmentation is not linear below a few thousand samples (at 512-1024 many per-sample

@@ -1,0 +1,1 @@
+"""The memory plan: every consumer as a component of the one assembled system, the batch chosen last."""
