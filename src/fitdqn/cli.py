@@ -44,7 +44,7 @@ HELP_WIDTH = 100
 COMMON_KNOBS = ("budget.batch_size", "market.data", "market.contract", "train.device", "train.seed", "train.threads")
 COMMON_ALIASES = COMMON_KNOBS  # the older name, for commands written against it
 TRAIN_KNOBS = ("train.epochs", "train.minutes", "train.out", "train.replay_ratio", "collect.num_envs", "learn.lr",
-               "learn.risk")
+               "learn.risk", "train.gpus")
 
 
 def config_for(args: argparse.Namespace, base: Config | None = None) -> Config:
@@ -310,6 +310,7 @@ def run_plan_calibrated(args: argparse.Namespace, config: Config) -> int:
 def run_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from fitdqn.train import distributed
     from fitdqn.train.run import default_run_dir, resume_config, train
     from fitdqn.train.study import is_study, member_market, run_study
 
@@ -321,6 +322,11 @@ def run_train(args: argparse.Namespace) -> int:
     else:
         config = config_for(args)
         run_dir = Path(config.train.out) if config.train.out else default_run_dir()
+    if config.train.gpus > 1 or distributed.world_size_of() > 1:  # data parallel (fitdqn.train.distributed)
+        if is_study(config):
+            raise UserError("--seeds/--folds train one run after another: give them without --gpus")
+        if not distributed.launched_by_torchrun():
+            return distributed.launch(config.train.gpus, config.train.device, args.argv)
     if is_study(config):  # --seeds / --folds: several runs under run_dir, one report (continues where it was)
         run_study(config, run_dir)
     else:  # a walk-forward member resumes on its own fold's bars
