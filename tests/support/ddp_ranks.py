@@ -27,14 +27,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def join_job(rank: int, world: int, port: int, timeout_s: float):
+def join_job(rank: int, world: int, port: int, timeout_s: float, device: str = "cpu"):
     """What torchrun would set, then ``setup``: this process's :class:`Distributed`."""
     from fitdqn.train.distributed import setup
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
     torch.set_num_threads(1)
-    return setup(TrainConfig(device="cpu", dist_timeout=timeout_s))
+    return setup(TrainConfig(device=device, dist_timeout=timeout_s))
 
 
 def batches(updates: int, size: int) -> list[dict[str, torch.Tensor]]:
@@ -60,9 +60,9 @@ class FixedRand:
         return table[self.offset:self.offset + size[0], :size[1]].clone().to(device)
 
 
-def make_learner(seed: int, batch: int) -> Learner:
+def make_learner(seed: int, batch: int, device: str = "cpu") -> Learner:
     torch.manual_seed(seed)
-    learner = Learner(CONFIG, STATE_DIM, "cpu")
+    learner = Learner(CONFIG, STATE_DIM, device)
     learner.set_batch_size(batch)
     return learner
 
@@ -102,3 +102,29 @@ def failing_rank(rank: int, world: int, port: int, out: str, mode: str, timeout_
     except DistributedError as error:
         message = str(error)
     (Path(out) / "rank0.txt").write_text(message)
+
+
+def captured_rank(rank: int, world: int, port: int, out: str, updates: int) -> None:
+    """NCCL on CUDA: the update with the gradient all-reduce, eager and captured in a CUDA graph, from the same
+    weights on the same batches; writes both learners' states and the last outputs."""
+    from fitdqn.learn import capture_update
+
+    job = join_job(rank, world, port, timeout_s=120.0, device="auto")
+    assert job.backend == "nccl", job.backend
+    eager, graphed = make_learner(0, 64 * world, "cuda"), make_learner(0, 64 * world, "cuda")
+    for learner in (eager, graphed):
+        job.broadcast_learner(learner)
+        learner.gradient_sync = job.gradient_sync(learner.params)  # also at one rank: the captured collective
+    combined = [random_batch(CONFIG, STATE_DIM, 64, "cuda", seed=rank * 100 + k) for k in range(updates)]
+    step = capture_update(graphed, combined[0])
+    outputs = {}
+    for k, batch in enumerate(combined):
+        torch.manual_seed(100 + k)
+        expected = eager.update(batch)
+        torch.manual_seed(100 + k)
+        got = step(batch)
+        outputs = {"eager_out": {key: v.detach().cpu() for key, v in expected.items()},
+                   "graphed_out": {key: v.detach().cpu() for key, v in got.items()}}
+    torch.cuda.synchronize()
+    torch.save({"eager": eager.state_dict(), "graphed": graphed.state_dict(), **outputs},
+               Path(out) / f"rank{rank}.pt")
