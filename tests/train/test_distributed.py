@@ -27,8 +27,10 @@ from fitdqn.train.trainer import CHECKPOINT_NAME
 
 WORLD = 2
 JOIN_S = 120  # a job that is not over by then hangs: the test fails instead of waiting forever
-# fork: the ranks start in a moment (spawn re-imports torch: ~15 s a job on 2 loaded cores); they use only the CPU
-START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+# fork: the ranks start in a moment (spawn re-imports torch: ~15 s a job on 2 loaded cores). Not where CUDA is
+# present: a forked child cannot use CUDA once the parent has, and torch's optimizers query CUDA when it is there
+START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() and not torch.cuda.is_available() \
+    else "spawn"
 
 
 def run_ranks(target, *args, world: int = WORLD, method: str = START_METHOD) -> list[multiprocessing.Process]:
