@@ -15,6 +15,7 @@ from fitdqn.errors import UserError
 from fitdqn.memory.distributed import (
     ALLREDUCE,
     NCCL,
+    NCCL_INIT_BYTES,
     NCCL_LL128_BUFFSIZE,
     NCCL_LL_BUFFSIZE,
     distributed_components,
@@ -124,12 +125,14 @@ def test_components_come_from_the_real_gradients():
     components = {c.name: c for c in distributed_components(4, sync.nbytes, "cuda", environ={})}
     assert components[ALLREDUCE].fixed_bytes == gradient_bytes and components[ALLREDUCE].per_sample_bytes == 0
     # NCCL defaults: 4 MiB + 512 KiB + 4,800 KiB per connection, rounded to 10 MiB; 32 channels x 3 connections
-    assert components[NCCL].fixed_bytes == 32 * 3 * (10 << 20)
+    assert components[NCCL].fixed_bytes == NCCL_INIT_BYTES + 32 * 3 * (10 << 20)
     assert NCCL_LL_BUFFSIZE == 512 << 10 and NCCL_LL128_BUFFSIZE == 4800 << 10
     small, text = nccl_bytes(2, {"NCCL_BUFFSIZE": str(1 << 20), "NCCL_MAX_NCHANNELS": "4"})
-    assert small == 4 * 3 * (8 << 20) and "NCCL_BUFFSIZE=1048576" in text  # 1 MiB + 5,312 KiB -> 8 MiB
+    assert small == NCCL_INIT_BYTES + 4 * 3 * (8 << 20) and "NCCL_BUFFSIZE=1048576" in text  # 1 MiB + 5,312 KiB
     assert [c.name for c in distributed_components(2, gradient_bytes, "cpu")] == [ALLREDUCE]  # gloo: no NCCL
-    assert distributed_components(1, gradient_bytes, "cuda") == []  # one rank: no all-reduce
+    one = distributed_components(1, gradient_bytes, "cuda")  # one rank: no all-reduce, the communicator's init
+    assert [(c.name, c.fixed_bytes) for c in one] == [(NCCL, NCCL_INIT_BYTES)]
+    assert distributed_components(1, gradient_bytes, "cpu") == []
 
 
 def test_gradient_sync_averages(monkeypatch):

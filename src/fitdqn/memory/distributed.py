@@ -14,8 +14,14 @@
   capped by ``NCCL_MAX_NCHANNELS`` / ``NCCL_MAX_CTAS``. Connections per channel: the ring receives from one
   peer, the tree (a chain within a node) from up to two; an all-reduce may use both algorithms, so 3 are
   budgeted (the upper bound: NCCL connects an algorithm when it is first used). NVLink SHARP (multicast)
-  buffers are not counted: fitdqn turns it off (``NCCL_NVLS_ENABLE=0`` unless set). Gloo (the CPU) takes no
-  device memory. One rank (world size 1) makes no all-reduce and no peer connection: no components.
+  buffers are not counted: fitdqn turns it off (``NCCL_NVLS_ENABLE=0`` unless set). On top of the FIFOs, what
+  creating the communicator itself takes outside the allocator (its kernels and device structures):
+  ``NCCL_INIT_BYTES``, the driver's free memory drop less PyTorch's reserved bytes across
+  ``init_process_group`` and a first all-reduce at world size 1 (no peers, so no FIFOs), measured on an H200 with
+  NCCL 2.28.9 and torch 2.11.0+cu130. Gloo (the CPU) takes no device memory.
+
+A job of one rank (torchrun with one process) makes no all-reduce (no ``allreduce``), but its NCCL communicator
+still takes ``NCCL_INIT_BYTES``. A process outside torchrun has no components: do not call this for it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ NCCL_LL128_BUFFSIZE = 120 * 640 * 8 * 8  # NCCL_LL128_ELEMS_PER_THREAD x NCCL_LL
 NCCL_MAX_CHANNELS = 32  # MAXCHANNELS (src/include/device.h)
 NCCL_GRANULARITY = 2 << 20  # cuMem allocation granularity NCCL rounds each connection's buffers up to
 NCCL_CONNECTIONS_PER_CHANNEL = 3  # ring: 1 receiving connection; tree (chain in a node): up to 2
+NCCL_INIT_BYTES = 681_574_400  # 650 MiB: communicator init, world size 1, measured (H200, NCCL 2.28.9, torch 2.11)
+NCCL_INIT_SOURCE = "650 MiB communicator init measured on an H200 (NCCL 2.28.9, torch 2.11, world size 1)"
 
 
 def _env_int(environ: Mapping[str, str], key: str, default: int) -> tuple[int, bool]:
@@ -47,9 +55,10 @@ def _env_int(environ: Mapping[str, str], key: str, default: int) -> tuple[int, b
 
 
 def nccl_bytes(world_size: int, environ: Mapping[str, str] | None = None) -> tuple[int, str]:
-    """Bytes NCCL allocates on each rank's device for one communicator of ``world_size`` ranks, and how."""
+    """Bytes NCCL allocates on each rank's device for one communicator of ``world_size`` ranks (its init and its
+    connections' FIFOs), and how."""
     if world_size <= 1:
-        return 0, "one rank: no peer connections"
+        return NCCL_INIT_BYTES, f"NCCL: {NCCL_INIT_SOURCE}; one rank: no peer connections"
     environ = os.environ if environ is None else environ
     sizes = []
     notes = []
@@ -66,21 +75,21 @@ def nccl_bytes(world_size: int, environ: Mapping[str, str] | None = None) -> tup
             channels = value
             notes.append(f"{key}={value}")
     per_connection = -(-sum(sizes) // NCCL_GRANULARITY) * NCCL_GRANULARITY
-    total = channels * NCCL_CONNECTIONS_PER_CHANNEL * per_connection
+    total = NCCL_INIT_BYTES + channels * NCCL_CONNECTIONS_PER_CHANNEL * per_connection
     sizes_from = ", ".join(notes) if notes else "NCCL defaults"
-    text = (f"NCCL: {channels} channels x {NCCL_CONNECTIONS_PER_CHANNEL} connections (ring + tree) x "
-            f"{per_connection >> 20} MiB (Simple + LL + LL128 FIFOs, {sizes_from}, 2 MiB granularity)")
+    text = (f"NCCL: {NCCL_INIT_SOURCE}, + {channels} channels x {NCCL_CONNECTIONS_PER_CHANNEL} connections (ring + "
+            f"tree) x {per_connection >> 20} MiB (Simple + LL + LL128 FIFOs, {sizes_from}, 2 MiB granularity)")
     return total, text
 
 
 def distributed_components(world_size: int, gradient_bytes: int, device_kind: str,
                            environ: Mapping[str, str] | None = None) -> list[Component]:
     """The memory a rank of a ``world_size``-rank job adds: the all-reduce buffer (``gradient_bytes``, the
-    gradients of every trainable parameter, from the real parameters) and, on CUDA, NCCL's buffers."""
-    if world_size <= 1:
-        return []
-    components = [Component(ALLREDUCE, int(gradient_bytes), 0,
-                            f"one flat copy of the gradients for the all-reduce ({world_size} ranks)")]
+    gradients of every trainable parameter, from the real parameters; none at one rank, which makes no
+    all-reduce) and, on CUDA, NCCL's own memory. Only for a process of a torchrun job (module docstring)."""
+    components = [] if world_size <= 1 else [
+        Component(ALLREDUCE, int(gradient_bytes), 0,
+                  f"one flat copy of the gradients for the all-reduce ({world_size} ranks)")]
     if device_kind == "cuda":
         nbytes, text = nccl_bytes(world_size, environ)
         components.append(Component(NCCL, nbytes, 0, text))
