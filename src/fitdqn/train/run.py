@@ -298,8 +298,8 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
                       highlight=False, soft_wrap=True)
     config = trainer.config  # with the device's auto values resolved: what a resume must use
     if not main:
-        run_loop(trainer, config, run_dir, console, distributed.NullLogger(), stop, None, OomGuard(
-            trainer, console, distributed.NullLogger()), job)
+        guard = single_try(OomGuard(trainer, console, distributed.NullLogger()), job)
+        run_loop(trainer, config, run_dir, console, distributed.NullLogger(), stop, None, guard, job)
         job.barrier("waiting for rank 0's final checkpoint and report")
         return {"rank": job.rank, "epochs": trainer.epoch, "updates": trainer.updates_done}
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -321,7 +321,7 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
                       "of epochs after it dropped (they are run again)", highlight=False, soft_wrap=True)
     has_replay = state is None or "replay" in state
     try:
-        guard = OomGuard(trainer, console, logger)
+        guard = single_try(OomGuard(trainer, console, logger), job)
         run_loop(trainer, config, run_dir, console, logger, stop, on_epoch, guard, job)
         finished = trainer.epoch >= config.train.epochs
         final = guard.run("checkpoint", save, trainer, run_dir, logger,
@@ -343,6 +343,14 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
     if job is not None:
         job.barrier("the end of the run")
     return report
+
+
+def single_try(guard: OomGuard, job: distributed.Distributed | None) -> OomGuard:
+    """In a job of several ranks an out-of-memory error ends the job: a re-plan on one rank alone would leave it
+    at another batch, and so another number of updates, than the others."""
+    if job is not None and job.world_size > 1:
+        guard.max_retries = 0
+    return guard
 
 
 def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, logger: RunLogger,
