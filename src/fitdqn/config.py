@@ -170,6 +170,9 @@ class ReplayConfig:
     min_fill: int = knob(10_000, "transitions stored before updates start (at most one epoch's: updates start in "
                          "the first epoch)", ge=0)
     compile: bool = knob(True, "torch.compile the replay's sampling maths on CUDA (few fused kernels)")
+    tree_fanout: int = knob(64, "children per node of the prioritized sum tree (wide: a shallow tree, a few "
+                            "batched kernels per descent; each descent step reads this many priorities per "
+                            "sample)", ge=2)
 
 
 @dataclass(frozen=True)
