@@ -51,7 +51,6 @@ in the state (:data:`GOAL_COLUMN`); the bonus
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -160,7 +159,7 @@ def typical_atr(atr: Tensor, start: int, stop: int) -> float:
     return float(span.median()) if span.numel() else 1.0
 
 
-def market_goal_unit(market: Market, window: int, reward_scale: float, reward: str = "pnl") -> float:
+def market_goal_unit(market: Market, window: int, reward_scale: float, reward: str) -> float:
     """The goal unit of every env on ``market``: the training split's median ATR for one contract in reward
     units (so train, validation and test envs share one goal scale and one HER bonus)."""
     if reward == "vol":  # one ATR of one contract is one reward unit before scaling
@@ -267,15 +266,15 @@ class FuturesEnv:
         contract: ContractSpec,
         *,
         first_bar: int,
+        num_envs: int,
+        window: int,
+        episode_length: int,
+        max_contracts: int,
+        reward_scale: float,
+        reward: str,
+        branches: Sequence[int],
+        seed: int,
         stop_bar: int | None = None,
-        num_envs: int = 1,
-        window: int = 8,
-        episode_length: int = 256,
-        max_contracts: int = 2,
-        reward_scale: float = 1e-3,
-        reward: str = "pnl",
-        branches: Sequence[int] = (5, 5, 5),
-        seed: int = 0,
         sequential: bool = False,
         goal_range: tuple[float, float] | None = None,
         goal_unit: float | None = None,
@@ -361,15 +360,13 @@ class FuturesEnv:
 
     # ------------------------------------------------------------------------------------------ builders
     @classmethod
-    def from_market(cls, market: Market, split: str | Split = "train", **options: Any) -> FuturesEnv:
+    def from_market(cls, market: Market, split: str | Split, *, window: int, reward_scale: float, reward: str,
+                    **options: Any) -> FuturesEnv:
         """An env over one split of a loaded Market (its tensors are shared, not copied). ``options``: the
-        constructor's keyword arguments (``num_envs``, ``window``, ``episode_length``, ``seed``, ...), with the
-        constructor's defaults; the first bar, the stop bar and the goal unit come from the market."""
+        constructor's other keyword arguments (``num_envs``, ``episode_length``, ``max_contracts``,
+        ``branches``, ``seed``, ``sequential``, ...), all of them given; the first bar, the stop bar and the goal
+        unit come from the market."""
         s = market.split(split)
-        defaults = inspect.signature(cls.__init__).parameters
-        window = options.get("window", defaults["window"].default)
-        reward_scale = options.get("reward_scale", defaults["reward_scale"].default)
-        reward = options.get("reward", defaults["reward"].default)
         return cls(
             market.prices,
             market.atr,
@@ -378,6 +375,9 @@ class FuturesEnv:
             first_bar=market.first_bar(s, window),
             stop_bar=s.stop,
             goal_unit=market_goal_unit(market, window, reward_scale, reward),
+            window=window,
+            reward_scale=reward_scale,
+            reward=reward,
             **options,
         )
 
@@ -385,7 +385,7 @@ class FuturesEnv:
     def from_config(
         cls,
         config,
-        split: str = "train",
+        split: str,
         *,
         market: Market | None = None,
         device=None,
