@@ -496,6 +496,15 @@ def for_device(config: Config, device_kind: str) -> Config:
     return dataclasses.replace(config, net=net)
 
 
+def knob_choices(section: type, name: str) -> tuple[str, ...]:
+    """The values a string knob declares (``knob_choices(MarketConfig, "reward")``): code that branches on a knob
+    reads them here instead of restating them."""
+    spec = next((f for f in dataclasses.fields(section) if f.name == name), None)
+    if spec is None or "choices" not in spec.metadata:
+        raise TypeError(f"{section.__name__}.{name} is not a knob with declared choices")
+    return spec.metadata["choices"]
+
+
 def knob_error(key: str, value: Any, spec: dataclasses.Field) -> str | None:
     """Why ``value`` is refused for the knob ``key`` (its declared bounds or choices), or None if it is fine."""
     bounds: Bounds | None = spec.metadata.get("bounds")

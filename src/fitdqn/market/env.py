@@ -60,6 +60,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fitdqn.config import MarketConfig, knob_choices
 from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec
 from fitdqn.market.data import Split
@@ -82,7 +83,9 @@ AGENT_FIELDS: tuple[str, ...] = (
 NUM_AGENT_FIELDS = len(AGENT_FIELDS)  # Fa
 GOAL_COLUMN = AGENT_FIELDS.index("goal")
 ACHIEVED_COLUMN = AGENT_FIELDS.index("achieved")
-STATE_DIM = NUM_FEATURES + NUM_AGENT_FIELDS  # S = Fm + Fa
+# S = Fm + Fa: the width of one observation token, the networks' input. The one definition: the env, the
+# learner of a run, the planner and the exported policy all read this (FuturesEnv.state_dim is the same value).
+STATE_DIM = NUM_FEATURES + NUM_AGENT_FIELDS
 assert STATE_DIM == 80, "DESIGN.md: the state is 80 wide (Fm = 80 - Fa)"
 
 STOP_ATR: tuple[float, ...] = (0.0, 1.0, 1.5, 2.0, 3.0)  # branch 1 (0 = no stop)
@@ -169,7 +172,7 @@ def market_goal_unit(market: Market, window: int, reward_scale: float, reward: s
     return atr * market.contract.multiplier * reward_scale
 
 
-REWARDS = ("pnl", "vol")
+REWARDS = knob_choices(MarketConfig, "reward")
 
 
 @dataclass(frozen=True)
@@ -286,9 +289,9 @@ class FuturesEnv:
         check_branches(branches)
         if num_envs < 1 or episode_length < 1 or window < 1:
             raise UserError("num_envs, episode_length and window must all be at least 1")
-        if tuple(prices.shape) != (T, 4) or tuple(atr.shape) != (T,) or features.shape[0] != T:
+        if tuple(prices.shape) != (T, 4) or tuple(atr.shape) != (T,) or tuple(features.shape) != (T, NUM_FEATURES):
             raise ValueError(
-                f"prices [T, 4], atr [T], features [T, Fm] disagree: {prices.shape}, {atr.shape}, "
+                f"prices [T, 4], atr [T], features [T, Fm = {NUM_FEATURES}] disagree: {prices.shape}, {atr.shape}, "
                 f"{features.shape}"
             )
         if first_bar < window - 1:
@@ -417,7 +420,8 @@ class FuturesEnv:
     # ------------------------------------------------------------------------------------------ contract
     @property
     def state_dim(self) -> int:
-        return int(self.features.shape[1]) + NUM_AGENT_FIELDS
+        """S of the observations ``[E, W, S]``: :data:`STATE_DIM` (the features are checked to be Fm wide)."""
+        return STATE_DIM
 
     @staticmethod
     def transition_spec() -> dict[str, FieldSpec]:
