@@ -365,3 +365,9 @@ def test_an_unresolved_reward_scale_is_refused():
         hand_env([FLAT_BAR, FLAT_BAR], episode_length=1).__class__(
             torch.tensor([FLAT_BAR, FLAT_BAR]), torch.full((2,), 2.0), torch.zeros(2, NUM_FEATURES), TEST_CONTRACT,
             first_bar=0, **env_options(window=1, episode_length=1, reward_scale=0.0))
+
+
+def test_a_given_goal_unit_is_used_as_given(sp500_market):
+    derived = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=4))
+    given = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=4), goal_unit=0.7)
+    assert derived.goal_unit != 0.7 and given.goal_unit == 0.7 and given.goal_range == (0.0, 0.7 * 16.0)

@@ -364,11 +364,11 @@ class FuturesEnv:
     # ------------------------------------------------------------------------------------------ builders
     @classmethod
     def from_market(cls, market: Market, split: str | Split, *, window: int, reward_scale: float, reward: str,
-                    **options: Any) -> FuturesEnv:
+                    goal_unit: float | None = None, **options: Any) -> FuturesEnv:
         """An env over one split of a loaded Market (its tensors are shared, not copied). ``options``: the
         constructor's other keyword arguments (``num_envs``, ``episode_length``, ``max_contracts``,
-        ``branches``, ``seed``, ``sequential``, ...), all of them given; the first bar, the stop bar and the goal
-        unit come from the market."""
+        ``branches``, ``seed``, ``sequential``, ...), all of them given; the first bar and the stop bar come from
+        the market, and the goal unit too unless given (a stand-in market whose ATR is not to be read)."""
         s = market.split(split)
         return cls(
             market.prices,
@@ -377,7 +377,7 @@ class FuturesEnv:
             market.contract,
             first_bar=market.first_bar(s, window),
             stop_bar=s.stop,
-            goal_unit=market_goal_unit(market, window, reward_scale, reward),
+            goal_unit=market_goal_unit(market, window, reward_scale, reward) if goal_unit is None else goal_unit,
             window=window,
             reward_scale=reward_scale,
             reward=reward,
@@ -395,6 +395,7 @@ class FuturesEnv:
         num_envs: int | None = None,
         seed: int | None = None,
         sequential: bool = False,
+        goal_unit: float | None = None,
     ) -> FuturesEnv:
         """An env from a :class:`fitdqn.config.Config` (``market.*``, ``net.window``, ``net.branches``,
         ``collect.num_envs``, ``train.seed``); pass ``market`` to share one loaded Market between envs."""
@@ -415,6 +416,7 @@ class FuturesEnv:
             branches=config.net.branches,
             seed=config.train.seed if seed is None else seed,
             sequential=sequential,
+            goal_unit=goal_unit,
         )
 
     # ------------------------------------------------------------------------------------------ contract
