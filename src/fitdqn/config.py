@@ -170,6 +170,9 @@ class ReplayConfig:
     min_fill: int = knob(10_000, "transitions stored before updates start (at most one epoch's: updates start in "
                          "the first epoch)", ge=0)
     compile: bool = knob(True, "torch.compile the replay's sampling maths on CUDA (few fused kernels)")
+    tree_fanout: int = knob(64, "children per node of the prioritized sum tree (wide: a shallow tree, a few "
+                            "batched kernels per descent; each descent step reads this many priorities per "
+                            "sample)", ge=2)
 
 
 @dataclass(frozen=True)
@@ -491,6 +494,15 @@ def for_device(config: Config, device_kind: str) -> Config:
         net = dataclasses.replace(net, **{k: v for k, v in SMALL_NET.items()
                                           if getattr(net, k) == getattr(defaults, k)})
     return dataclasses.replace(config, net=net)
+
+
+def knob_choices(section: type, name: str) -> tuple[str, ...]:
+    """The values a string knob declares (``knob_choices(MarketConfig, "reward")``): code that branches on a knob
+    reads them here instead of restating them."""
+    spec = next((f for f in dataclasses.fields(section) if f.name == name), None)
+    if spec is None or "choices" not in spec.metadata:
+        raise TypeError(f"{section.__name__}.{name} is not a knob with declared choices")
+    return spec.metadata["choices"]
 
 
 def knob_error(key: str, value: Any, spec: dataclasses.Field) -> str | None:

@@ -19,16 +19,19 @@ def real_bytes(buffer: ReplayBuffer) -> int:
     return sum(t.numel() * t.element_size() for t in buffer.tensors())
 
 
-@pytest.mark.parametrize("prioritized", [True, False])
-def test_fixed_bytes_equal_a_real_buffer(prioritized):
-    cfg = with_overrides(config(prioritized=prioritized), {"collect.num_envs": 8, "replay.min_fill": 10})
+@pytest.mark.parametrize(("prioritized", "fanout"), [(True, 64), (True, 8), (False, 64)])
+def test_fixed_bytes_equal_a_real_buffer(prioritized, fanout):
+    cfg = with_overrides(config(prioritized=prioritized, tree_fanout=fanout),
+                         {"collect.num_envs": 8, "replay.min_fill": 10})
     spec = transition_spec()
     component, capacity = replay_component(cfg, spec, free_bytes=10**6, num_envs=8)
-    buffer = ReplayBuffer.from_config(cfg, spec, capacity, goal_column=4)
+    buffer = ReplayBuffer.from_config(cfg, spec, capacity, goal_column=4, device="cpu")
     assert component.fixed_bytes == real_bytes(buffer)
     assert component.name == "replay" and component.per_sample_bytes > 0
     storage = capacity * bytes_per_transition(spec)
-    tree = sum_tree_bytes(capacity, 64) if prioritized else 0
+    tree = sum_tree_bytes(capacity, fanout) if prioritized else 0
+    if prioritized:
+        assert buffer.sampler.tree.fanout == fanout
     assert storage + tree <= component.fixed_bytes < storage + tree + 4096
     assert str(capacity) in component.derived_from
 
