@@ -370,6 +370,7 @@ class FuturesEnv:
         window = options.get("window", defaults["window"].default)
         reward_scale = options.get("reward_scale", defaults["reward_scale"].default)
         reward = options.get("reward", defaults["reward"].default)
+        goal_unit = options.pop("goal_unit", None)  # given: a stand-in market whose ATR is not to be read
         return cls(
             market.prices,
             market.atr,
@@ -377,7 +378,7 @@ class FuturesEnv:
             market.contract,
             first_bar=market.first_bar(s, window),
             stop_bar=s.stop,
-            goal_unit=market_goal_unit(market, window, reward_scale, reward),
+            goal_unit=market_goal_unit(market, window, reward_scale, reward) if goal_unit is None else goal_unit,
             **options,
         )
 
@@ -392,6 +393,7 @@ class FuturesEnv:
         num_envs: int | None = None,
         seed: int | None = None,
         sequential: bool = False,
+        goal_unit: float | None = None,
     ) -> FuturesEnv:
         """An env from a :class:`fitdqn.config.Config` (``market.*``, ``net.window``, ``net.branches``,
         ``collect.num_envs``, ``train.seed``); pass ``market`` to share one loaded Market between envs."""
@@ -412,6 +414,7 @@ class FuturesEnv:
             branches=config.net.branches,
             seed=config.train.seed if seed is None else seed,
             sequential=sequential,
+            goal_unit=goal_unit,
         )
 
     # ------------------------------------------------------------------------------------------ contract

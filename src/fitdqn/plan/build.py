@@ -25,22 +25,23 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fitdqn.config import Config, config_to_dict, for_device
 from fitdqn.device.cards import find_card
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile, profile_with_note
 from fitdqn.device.sizes import format_bytes
-from fitdqn.market.env import GOAL_COLUMN, NUM_AGENT_FIELDS, env_state_bytes, transition_spec
-from fitdqn.market.features import NUM_FEATURES
-from fitdqn.market.observation import build_observation
+from fitdqn.learn.learner import Learner
+from fitdqn.learn.schedule import Schedule
+from fitdqn.market.env import STATE_DIM, env_state_bytes, transition_spec
 from fitdqn.memory.allocator_model import (
     LARGE_BUFFER,
     SMALL_BUFFER,
     expandable_segments_enabled,
     pool_line,
 )
-from fitdqn.memory.component import Component
+from fitdqn.memory.component import Component, tensor_bytes
 from fitdqn.memory.kernel_scratch import CudaShape
 from fitdqn.memory.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
 from fitdqn.memory.trace import (
@@ -62,6 +63,7 @@ from fitdqn.plan.trace_cache import (
     trace_key,
     traced_config_fields,
 )
+from fitdqn.system import System, build_system, stand_in_market
 
 TRACE_BATCHES = (512, 1024)
 # The graph pool's fragmentation is not linear below a few thousand samples (at 512-1024 many per-sample
@@ -69,7 +71,6 @@ TRACE_BATCHES = (512, 1024)
 # flat (~19 MB) and the line would miss ~100 MB at batch 8192; from 4096 on it grows ~14.5 KB/sample and the
 # line through 4096 and 8192 is within a few MB from 1024 to 16384 (see allocator_model's tests).
 GRAPH_POOL_BATCHES = (4096, 8192)
-ADAM_MOMENTS = 2
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,6 @@ class PlanInputs:
         return cls(num_bars, market_bytes(num_bars))
 
 
-STATE_DIM = NUM_FEATURES + NUM_AGENT_FIELDS
-
 
 def trace_config(config: Config, device: DeviceInfo) -> tuple[Config, str]:
     """The config the trace runs: on a CPU-only PyTorch the fake tensors are CPU ones, so the bf16 autocast a
@@ -121,74 +120,63 @@ def trace_config(config: Config, device: DeviceInfo) -> tuple[Config, str]:
     return config, note
 
 
-def make_train_step(config: Config, num_bars: int, capacity: int):
-    """The captured training step, buildable on any (fake) device: sample -> update -> priorities."""
-    from fitdqn.learn.learner import Learner
-    from fitdqn.replay.buffer import ReplayBuffer
+STAND_IN_GOAL_UNIT = 1.0  # HER's goal scale on the stand-in market: a host number that moves no byte
 
-    num_envs = config.collect.num_envs
-    steps_written = config.learn.n_step + 2
+
+def stand_in_system(config: Config, num_bars: int, capacity: int, batch_size: int,
+                    device: torch.device) -> System:
+    """The trainer's system (``fitdqn.system.build_system``) on a stand-in market of ``num_bars`` zero bars,
+    its replay filled by the collector's own steps until a batch can be sampled (inside the tracer's fake mode:
+    shapes only)."""
+    if config.market.reward_scale <= 0:  # derived from real bars at run time; a host number that moves no byte
+        config = dataclasses.replace(config, market=dataclasses.replace(config.market, reward_scale=1.0))
+    system = build_system(config, stand_in_market(config, num_bars), device, capacity=capacity,
+                          batch_size=batch_size,
+                          epsilon_decay_steps=Schedule.from_config(config, batch_size).epsilon_decay_steps,
+                          goal_unit=STAND_IN_GOAL_UNIT)
+    for _ in range(config.learn.n_step + 1):  # n-step windows complete: the replay can serve a batch
+        system.collect_step()
+    return system
+
+
+def make_train_step(config: Config, num_bars: int, capacity: int):
+    """The trainer's update step (``System.update_step``: sample -> update -> priorities -> stats), buildable
+    on any (fake) device at any batch."""
 
     def make_step(batch_size: int, device: torch.device) -> StepSetup:
-        features = torch.zeros((num_bars, NUM_FEATURES), device=device)  # [T, Fm]
-        window = config.net.window
-        observe = lambda bar, agent: build_observation(features, bar, agent, window)  # noqa: E731
-        replay = ReplayBuffer.from_config(config, transition_spec(), capacity, goal_column=GOAL_COLUMN,
-                                          observe=observe, device=device)
-        replay.goal_reward = lambda before, after, goal: (after - before) * 0  # shapes only
-        rows = {name: torch.zeros(spec.batched(num_envs), dtype=spec.dtype, device=device)
-                for name, spec in transition_spec().items()}
-        rows["bar"] = rows["bar"] + window
-        for _ in range(steps_written):
-            replay.write(rows)
-        learner = Learner(config, STATE_DIM, device)
-        beta = torch.ones((), device=device)
-
-        def step() -> None:
-            batch = replay.sample(batch_size, beta)
-            out = learner.update(batch)
-            replay.update_priorities(batch["index"], out["priorities"])
-
-        groups = {name: list(group.modules) for name, group in parameter_groups(learner).items()}
-        for name, group in parameter_groups(learner.target).items():
-            groups[name] = groups[name] + list(group.modules)
-        return StepSetup(step, groups)
+        system = stand_in_system(config, num_bars, capacity, batch_size, device)
+        return StepSetup(system.update_step, system.memory_groups())
 
     return make_step
 
 
-def make_collect_step(config: Config, num_bars: int):
-    """One collector step at ``num_envs`` envs (the 'batch' argument): act + env step."""
-    from fitdqn.learn.learner import Learner
+def make_collect_step(config: Config, num_bars: int, capacity: int):
+    """The trainer's collector step (``System.collect_step``: observe -> act -> env step -> replay write) at
+    ``collect.num_envs`` envs (the 'batch' argument must be that count)."""
 
-    def make_step(num_envs: int, device: torch.device):
-        learner = Learner(config, STATE_DIM, device)
-        features = torch.zeros((num_bars, NUM_FEATURES), device=device)
-        bar = torch.full((num_envs,), config.net.window, device=device, dtype=torch.int64)
-        agent = torch.zeros((num_envs, NUM_AGENT_FIELDS), device=device)
-        epsilon = torch.zeros((), device=device)
-
-        def step() -> None:
-            obs = build_observation(features, bar, agent, config.net.window)
-            learner.act(obs, epsilon)
-
-        return step
+    def make_step(num_envs: int, device: torch.device) -> StepSetup:
+        if num_envs != config.collect.num_envs:
+            raise ValueError(f"the collector step runs collect.num_envs = {config.collect.num_envs} envs, "
+                             f"not {num_envs}")
+        system = stand_in_system(config, num_bars, capacity, config.budget.min_batch, device)
+        return StepSetup(system.collect_step, system.memory_groups())
 
     return make_step
 
 
 def network_fixed_bytes(config: Config) -> dict[str, int]:
-    """Per group: parameters (+ target copy) + gradients + Adam moments, from the modules on 'meta'."""
-    from fitdqn.nets.iql import ValueNet
-    from fitdqn.nets.qnet import QNetwork
-
-    with torch.device("meta"):
-        modules = [QNetwork(config.net, STATE_DIM), ValueNet(STATE_DIM, config.net.iql_hidden)]
-    fixed = {}
-    for name, group in parameter_groups(modules).items():
-        params = group.parameter_bytes()
-        copies = 1 + int(group.target_copy) + 1 + ADAM_MOMENTS  # online (+ target) + grad + Adam m, v
-        fixed[name] = params * copies
+    """Per group: what the learner holds for good — parameters (+ target copy), gradients and Adam state —
+    counted from the tensors of a real ``Learner`` built on fake tensors (shapes and dtypes, no memory)."""
+    with FakeTensorMode():
+        learner = Learner(config, STATE_DIM, torch.device("cpu"))
+        targets = parameter_groups(learner.target)
+        fixed = {}
+        for name, group in parameter_groups(learner).items():
+            params = list(group.parameters())
+            held = [*params, *targets[name].parameters(), *(p.grad for p in params if p.grad is not None),
+                    *(t for p in params for t in learner.optimizer.state.get(p, {}).values()
+                      if isinstance(t, torch.Tensor))]
+            fixed[name] = sum(tensor_bytes(t.shape, t.dtype) for t in held)
     return fixed
 
 
@@ -223,13 +211,13 @@ class Tracer:
             make_train_step(self.config, self.num_bars, capacity), batch, self.target,
             cuda_shape=self.cuda_shape, record_events=pools), pools))
 
-    def act_peak(self) -> int:
-        """Peak of one collector step at ``collect.num_envs`` envs."""
+    def collect_peak(self, capacity: int) -> int:
+        """Peak of one collector step at ``collect.num_envs`` envs, beyond what is allocated before it."""
         num_envs = self.config.collect.num_envs
-        key = self.key("collect", num_envs)
+        key = self.key("collect", num_envs, capacity=capacity)
         return _summary(self.cache, key, lambda: TraceSummary.of(trace_step_memory(
-            make_collect_step(self.config, self.num_bars), num_envs, self.target, cuda_shape=self.cuda_shape),
-            False)).step_bytes
+            make_collect_step(self.config, self.num_bars, capacity), num_envs, self.target,
+            cuda_shape=self.cuda_shape), False)).step_bytes
 
 
 _SUMMARIES: dict[str, TraceSummary] = {}  # this process's traces by key digest: a plan asks for one several times
@@ -304,7 +292,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     traced_config, note = trace_config(config, device)
     tracer = tracer_for(config, device, traced_config, inputs.num_bars)
     graphs = device.kind == "cuda" and config.train.cuda_graphs
-    act_peak = tracer.act_peak()
+    collect_peak = tracer.collect_peak(capacity)
     if anchor is None:  # lines through two traces, above both
         first, second = (tracer.step(capacity, b, pools=graphs and b in GRAPH_POOL_BATCHES) for b in lines_at)
         lines = {name: line_above((first.batch_size, first.step_by_group.get(name, 0)),
@@ -321,9 +309,9 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     components = [replay, her]
     components.append(Component(
         "collector",
-        inputs.market_bytes + env_state_bytes(num_envs) + act_peak,
+        inputs.market_bytes + env_state_bytes(num_envs) + collect_peak,
         0,
-        f"market tensors ({inputs.num_bars} bars) + env state ({num_envs} envs) + traced act step peak",
+        f"market tensors ({inputs.num_bars} bars) + env state ({num_envs} envs) + traced collector step peak",
     ))
     components.extend(overhead)
     for name in MEMORY_GROUPS:
