@@ -21,6 +21,7 @@ from fitdqn.device.profiles import Profile
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 from fitdqn.memory.component import NETWORK_COMPONENTS, Component, ComponentName
+from fitdqn.resolve import FixedBatch, ProfileBatch, batch_choice
 
 ALLOCATION_ORDER = (ComponentName.REPLAY, ComponentName.HER, ComponentName.COLLECTOR, ComponentName.CUDA_OVERHEAD,
                     ComponentName.CUDA_DRIVER, *NETWORK_COMPONENTS)
@@ -152,9 +153,10 @@ def make_plan(
             )
         max_fitting = remaining // per_sample if per_sample > 0 else budget.max_batch
 
-    if budget.batch_size > 0:
-        batch, source = budget.batch_size, "user"
-    elif budget.batch_size == -1:
+    choice = batch_choice(budget)
+    if isinstance(choice, FixedBatch):
+        batch, source = choice.size, "user"
+    elif isinstance(choice, ProfileBatch):
         batch, source = profile.batch_size, "profile"
     else:
         if max_fitting is None:

@@ -17,15 +17,16 @@ from typing import Any
 
 import torch
 
-from fitdqn.config import Config, config_to_dict, dump_config, for_device
+from fitdqn.config import Config, config_to_dict, dump_config
 from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.errors import UserError
 from fitdqn.learn.schedule import Schedule, updates_owed
-from fitdqn.market.env import RewardScale, env_state_bytes, resolve_reward
+from fitdqn.market.env import env_state_bytes
 from fitdqn.market.loader import Market, load_market, market_bytes
 from fitdqn.plan.build import PlanInputs, plan_for_device
 from fitdqn.plan.planner import Plan
+from fitdqn.resolve import resolve_run
 from fitdqn.system import build_system
 from fitdqn.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
 from fitdqn.train.memory_check import AllocationLedger
@@ -58,17 +59,15 @@ class Trainer:
         self.log = log
         self.device_info = device_info or probe(config.train.device)
         self.device = self.device_info.torch_device
-        self.config = config = for_device(config, self.device.type)
         torch.manual_seed(config.train.seed)
         if self.device.type == "cpu":
             # Adam moments and Polyak-averaged weights drift into denormals; on x86 CPUs each denormal
             # operand costs ~100 cycles (measured here: 4 s instead of 0.1 s per update at batch 256).
             torch.set_flush_denormal(True)
         self.market = market or load_market(config.market, window=config.net.window, device="cpu")
-        # market.reward_scale = 0: derived from the training split, and kept in the run's config
-        resolved, reward_info = resolve_reward(config, self.market)
-        self.config = config = resolved
-        self.reward_info: RewardScale = reward_info  # printed in the plan table and the report
+        # every 'auto' settled once (the reward scale from the training split): the run's config keeps them
+        config, self.reward_info = resolve_run(config, self.device_info, self.market)  # reward_info: for the report
+        self.config = config
         self.plan: Plan = plan_for_device(config, self.device_info, PlanInputs.from_market(self.market, config))
         self.batch_size = self.plan.batch_size
         self.schedule = Schedule.from_config(config, self.batch_size)
