@@ -4,46 +4,18 @@ The plan, the trainer, the checkpoint and the run's ``config.toml`` all see the 
 library decodes an 'auto' of its own. What depends on the device kind alone (``collect.num_envs``,
 ``collect.steps_per_epoch``, ``net.size``) is ``fitdqn.config.for_device``'s table; the kernels and the
 precision depend on the device itself; the reward scale on the training split's bars. The batch is the plan's
-to choose (it needs the memory): :func:`batch_choice` is the one reading of ``budget.batch_size``.
+to choose (it needs the memory): ``fitdqn.config.batch_choice`` is the one reading of ``budget.batch_size``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
-from fitdqn.config import BudgetConfig, Config, for_device
+from fitdqn.config import Config, for_device
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.market.env import RewardScale, resolve_reward
 from fitdqn.market.loader import Market
 from fitdqn.nets.kernels import resolve_kernels
-
-
-@dataclass(frozen=True)
-class ProfileBatch:
-    """``budget.batch_size = -1``: the GPU profile's tested batch, checked against the memory."""
-
-
-@dataclass(frozen=True)
-class AutoBatch:
-    """``budget.batch_size = 0``: the planner computes it from what the fixed consumers leave."""
-
-
-@dataclass(frozen=True)
-class FixedBatch:
-    """``budget.batch_size = N > 0``: exactly N, checked against the memory."""
-
-    size: int
-
-
-BatchChoice = ProfileBatch | AutoBatch | FixedBatch
-
-
-def batch_choice(budget: BudgetConfig) -> BatchChoice:
-    """The one reading of ``budget.batch_size`` (-1 / 0 / N, its knob's encoding)."""
-    if budget.batch_size > 0:
-        return FixedBatch(budget.batch_size)
-    return ProfileBatch() if budget.batch_size == -1 else AutoBatch()
 
 
 def resolved_precision(precision: str, device: DeviceInfo) -> str:

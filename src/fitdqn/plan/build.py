@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fitdqn.config import Config, config_to_dict
+from fitdqn.config import AutoBatch, Config, FixedBatch, ProfileBatch, batch_choice, config_to_dict
 from fitdqn.device.cards import find_card
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile, profile_with_note
@@ -65,7 +65,7 @@ from fitdqn.plan.trace_cache import (
     trace_key,
     traced_config_fields,
 )
-from fitdqn.resolve import AutoBatch, FixedBatch, ProfileBatch, batch_choice, resolve_device
+from fitdqn.resolve import resolve_device
 from fitdqn.system import System, build_system, stand_in_market
 
 TRACE_BATCHES = (512, 1024)

@@ -342,8 +342,8 @@ def calibrated_plan(plan: Plan, calibration: Calibration, config: Config) -> Pla
 def comparison_rows(plan: Plan, calibrated: Plan, calibration: Calibration) -> list[dict[str, Any]]:
     """Per group: traced, live bytes on real tensors, allocator-measured, planned before and after (B/sample).
 
-    'other' is the sampled batch, observations, losses and optimizer temporaries (the plan's replay + her +
-    batch components); 'unattributed' is the allocator's slope minus the tracked one (no tensor owns it).
+    'other' is the observations, losses and optimizer temporaries (the plan's batch component); 'unattributed'
+    is the allocator's slope minus the tracked one (no tensor owns it).
     Components outside the step with per-sample bytes (``cuda_graphs``: the graph pool beyond the step's live
     peak) keep their own row: calibration does not measure them and leaves them as planned.
     """
@@ -353,7 +353,7 @@ def comparison_rows(plan: Plan, calibrated: Plan, calibration: Calibration) -> l
     rows = []
     for name in GROUPS:
         rows.append({
-            "group": name if name != OTHER else "other (replay+her+batch)",
+            "group": name if name != OTHER else "other (batch)",
             "traced": calibration.traced_by_group.get(name, 0),
             "live": None if live is None else live.get(name, 0),
             "measured": None,

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fitdqn.config import BudgetConfig
+from fitdqn.config import BudgetConfig, FixedBatch, ProfileBatch, batch_choice
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import Profile
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 from fitdqn.memory.component import NETWORK_COMPONENTS, Component, ComponentName
-from fitdqn.resolve import FixedBatch, ProfileBatch, batch_choice
 
 ALLOCATION_ORDER = (ComponentName.REPLAY, ComponentName.HER, ComponentName.COLLECTOR, ComponentName.CUDA_OVERHEAD,
                     ComponentName.CUDA_DRIVER, *NETWORK_COMPONENTS)
