@@ -479,6 +479,34 @@ SMALL_NET = {"trunk_hidden": 128, "d_model": 64, "stream_hidden": 64, "iqn_embed
              "iqn_act_quantiles": 16, "iql_hidden": 64}
 
 
+@dataclass(frozen=True)
+class ProfileBatch:
+    """``budget.batch_size = -1``: the GPU profile's tested batch, checked against the memory."""
+
+
+@dataclass(frozen=True)
+class AutoBatch:
+    """``budget.batch_size = 0``: the planner computes it from what the fixed consumers leave."""
+
+
+@dataclass(frozen=True)
+class FixedBatch:
+    """``budget.batch_size = N > 0``: exactly N, checked against the memory."""
+
+    size: int
+
+
+BatchChoice = ProfileBatch | AutoBatch | FixedBatch
+
+
+def batch_choice(budget: BudgetConfig) -> BatchChoice:
+    """The one reading of ``budget.batch_size`` (-1 / 0 / N, its knob's encoding)."""
+    if budget.batch_size > 0:
+        return FixedBatch(budget.batch_size)
+    return ProfileBatch() if budget.batch_size == -1 else AutoBatch()
+
+
+
 def for_device(config: Config, device_kind: str) -> Config:
     """Resolve the 'auto' values that depend on the device kind ('cuda' or 'cpu'); idempotent."""
     if config.collect.num_envs == 0:
