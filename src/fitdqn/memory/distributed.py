@@ -1,6 +1,6 @@
 """Device memory of data-parallel training: the gradient all-reduce buffer and NCCL's own buffers.
 
-- ``allreduce``: the gradients are copied into one flat buffer per dtype and all-reduced there (one
+- ``all_reduce``: the gradients are copied into one flat buffer per dtype and all-reduced there (one
   collective per update, ``fitdqn.train.distributed.GradientAllReduce``), so the buffer is exactly the
   gradients' bytes, taken from the real parameters by the caller. It lives in PyTorch's allocator.
 - ``nccl``: what NCCL allocates for itself, outside PyTorch's allocator (cuMem), per communicator: for every
@@ -20,7 +20,7 @@
   ``init_process_group`` and a first all-reduce at world size 1 (no peers, so no FIFOs), measured on an H200 with
   NCCL 2.28.9 and torch 2.11.0+cu130. Gloo (the CPU) takes no device memory.
 
-A job of one rank (torchrun with one process) makes no all-reduce (no ``allreduce``), but its NCCL communicator
+A job of one rank (torchrun with one process) makes no all-reduce (no ``all_reduce``), but its NCCL communicator
 still takes ``NCCL_INIT_BYTES``. A process outside torchrun has no components: do not call this for it.
 """
 
@@ -29,10 +29,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from fitdqn.memory.component import Component
+from fitdqn.memory.component import Component, ComponentName
 
-ALLREDUCE = "allreduce"
-NCCL = "nccl"
+ALLREDUCE = ComponentName.ALL_REDUCE
+NCCL = ComponentName.NCCL
 
 NCCL_SIMPLE_BUFFSIZE = 1 << 22  # DEFAULT_BUFFSIZE (src/init.cc)
 NCCL_LL_BUFFSIZE = 8 * 512 * 8 * 16  # NCCL_LL_LINES_PER_THREAD x NCCL_LL_MAX_NTHREADS x NCCL_STEPS x line bytes

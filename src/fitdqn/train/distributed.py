@@ -184,7 +184,7 @@ class Distributed:
 class GradientAllReduce:
     """Average the gradients of ``params`` over the ranks: copy them into one flat buffer per dtype, all-reduce
     each buffer (sum) once, divide by the world size, copy back. No host sync: on CUDA it is captured with the
-    update (NCCL collectives can be captured in a CUDA graph). The buffers are the ``allreduce`` component
+    update (NCCL collectives can be captured in a CUDA graph). The buffers are the ``all_reduce`` component
     (:func:`fitdqn.memory.distributed.distributed_components`)."""
 
     def __init__(self, params: Sequence[torch.Tensor], job: Distributed) -> None:
