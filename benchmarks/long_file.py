@@ -175,10 +175,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     path = args.file or Path(f"/tmp/fitdqn_long_file/minute_{args.bars}_s{args.seed}.csv")
     data: dict = {"file": str(path)}
+    summary = path.with_name(path.name + ".json")  # what generate() said about the file
     if not path.is_file():
         start = time.perf_counter()
-        data |= generate(path, args.bars, args.seed)
-        data["generate_seconds"] = time.perf_counter() - start
+        facts = generate(path, args.bars, args.seed) | {"generate_seconds": round(time.perf_counter() - start, 1)}
+        summary.write_text(json.dumps(facts, indent=2))
+    if summary.is_file():
+        data |= json.loads(summary.read_text())
     data["bytes"] = path.stat().st_size
     run_dir = args.run_dir or Path(f"/tmp/fitdqn_long_file/run_{time.strftime('%Y%m%d-%H%M%S')}")
     calls_file = run_dir.parent / f"{run_dir.name}.calls.json"
