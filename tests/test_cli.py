@@ -9,7 +9,7 @@ import torch
 
 from fitdqn import __version__
 from fitdqn.cli import build_parser, main
-from fitdqn.cli_args import config_from_args
+from fitdqn.cli.args import config_from_args
 from fitdqn.config import Config, config_from_dict, field_types, load_config, section_types
 from fitdqn.device.threads import cpu_threads, omp_num_threads, usable_cpus
 from fitdqn.errors import UserError
