@@ -222,3 +222,27 @@ def test_too_little_memory_says_how_much_is_needed(capsys):
     capsys.readouterr()
     assert main(["plan", "--gpu", "rtx3050", "--free-memory", f"{needed - 2}MiB"]) == 2  # and no more than needed
     assert f"--free-memory {needed}MiB" in capsys.readouterr().err
+
+
+def test_help_does_not_import_torch():
+    """`fitdqn --help` and a command's --help stay fast: torch and the library load only when a command runs."""
+    script = ("import sys\nfrom fitdqn.cli import main\n"
+              "for argv in (['--help'], ['train', '--help'], ['plan', '--help-all'], ['tune', '--help']):\n"
+              "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+              "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('fitdqn.train', 'fitdqn.plan'))),"
+              " file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stderr.strip() == "[]" and "usage: fitdqn" in done.stdout
+
+
+def test_only_the_cli_parses_arguments():
+    """Library functions take typed arguments: no module of fitdqn outside fitdqn.cli imports argparse."""
+    import pathlib
+
+    import fitdqn
+
+    root = pathlib.Path(fitdqn.__file__).parent
+    leaks = [str(p.relative_to(root)) for p in root.rglob("*.py")
+             if p.relative_to(root).parts[0] != "cli" and re.search(r"^\s*(import|from) argparse", p.read_text(),
+                                                                     re.MULTILINE)]
+    assert leaks == []

@@ -20,8 +20,9 @@ largest that fits. On the present CUDA GPU:
 5. write the profile TOML (``profile_toml``; same format as the shipped ``device/profiles/*.toml`` plus a
    ``[[measurements]]`` array) atomically, after checking ``device.profiles.parse_profile`` accepts it.
 
-Only the measuring (``measure_batches``) needs a GPU; naming, selection and the TOML writer are pure
-functions tested on the CPU.
+:func:`profile_gpu` does steps 1-5 with typed arguments (``fitdqn.cli.profile`` parses the options, probes the
+device and asks for CUDA). Only the measuring (``measure_batches``) needs a GPU; naming, selection and the TOML
+writer are pure functions tested on the CPU.
 """
 
 from __future__ import annotations
