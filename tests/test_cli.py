@@ -246,3 +246,14 @@ def test_only_the_cli_parses_arguments():
              if p.relative_to(root).parts[0] != "cli" and re.search(r"^\s*(import|from) argparse", p.read_text(),
                                                                      re.MULTILINE)]
     assert leaks == []
+
+
+def test_the_console_script_is_the_cli_main():
+    import importlib
+    import pathlib
+
+    import fitdqn.cli
+
+    pyproject = tomllib.loads((pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    module, _, name = pyproject["project"]["scripts"]["fitdqn"].partition(":")
+    assert getattr(importlib.import_module(module), name) is fitdqn.cli.main is main
