@@ -12,7 +12,6 @@ from fitdqn.config import Config
 HELP_WIDTH = 100
 # config options every command's --help shows (the rest: --help-all)
 COMMON_KNOBS = ("budget.batch_size", "market.data", "market.contract", "train.device", "train.seed", "train.threads")
-COMMON_ALIASES = COMMON_KNOBS  # the older name, for commands written against it
 TRAIN_KNOBS = ("train.epochs", "train.minutes", "train.out", "train.sample_reuse", "collect.num_envs", "learn.lr",
                "learn.risk")
 
