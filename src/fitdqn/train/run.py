@@ -44,7 +44,7 @@ from fitdqn.evaluate.report import TABLE_WIDTH, metrics_table, policy_label, run
 from fitdqn.evaluate.walk_forward import fold_market, run_fold
 from fitdqn.files import remove_stale_temp_files
 from fitdqn.learn.learner import Learner
-from fitdqn.market.env import NUM_AGENT_FIELDS
+from fitdqn.market.env import STATE_DIM
 from fitdqn.market.loader import Market, load_market
 from fitdqn.plan.report import plot_plan, print_plan
 from fitdqn.train.checkpoint import atomic_write_text, checkpoint_summary, load_checkpoint, save_checkpoint
@@ -479,7 +479,7 @@ def load_network(run_dir: Path, device, which: str = "best"):
                         "the latest network with --network last")
     state = load_checkpoint(path, map_location=device)
     market = load_market(config.market, window=config.net.window, device=device)
-    learner = Learner(config, state_dim_of(market), device)
+    learner = Learner(config, STATE_DIM, device)
     try:
         if which == "best":
             learner.online.load_state_dict(state["online"])
@@ -510,7 +510,3 @@ def evaluate_run(run_dir: Path, split: str, device_spec: str = "auto", console: 
     atomic_write_text(run_dir / f"evaluate_{split}_pnl.csv", result.pnl_frame().to_csv(index=False))
     atomic_write_text(run_dir / f"evaluate_{split}.json", json.dumps(results, indent=2))
     return results
-
-
-def state_dim_of(market) -> int:
-    return int(market.features.shape[1]) + NUM_AGENT_FIELDS
