@@ -46,6 +46,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -78,8 +79,9 @@ class PlainQNet(nn.Module):
         self.out = nn.Linear(d, d)
         self.norm = nn.LayerNorm(d)
         self.value = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, self.atoms))
-        self.advantages = nn.ModuleList(nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, self.actions * self.atoms))
-                                        for _ in range(self.branches))
+        self.advantages = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, self.actions * self.atoms))
+            for _ in range(self.branches))
         self.iqn_embed = nn.Linear(net.iqn_embedding, d)
         self.iqn_out = nn.Linear(d, self.branches * self.actions)
         self.register_buffer("support", torch.linspace(net.v_min, net.v_max, net.num_atoms))  # [A]
@@ -403,8 +405,9 @@ def profile_rows(config: Config, args, device: torch.device) -> dict:
     learner = Learner(config, args.state_dim, device)
     learner.set_batch_size(batch_size)
     batch = random_batch(config, args.state_dim, batch_size, device)
-    result["fitdqn_eager"] = kernel_table(lambda: learner.update(batch), device, args.profile_calls, args.profile_top)
-    del learner, batch
+    result["fitdqn_eager"] = kernel_table(partial(learner.update, batch), device, args.profile_calls,
+                                          args.profile_top)
+    learner = batch = None
     free(device)
     if "compile" in args.modes:
         torch._dynamo.reset()
