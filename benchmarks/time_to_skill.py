@@ -25,6 +25,7 @@ PROCESS_START = time.perf_counter()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -42,6 +43,9 @@ IMPORT_S = time.perf_counter() - PROCESS_START
 
 
 def git_commit() -> str:
+    """The code's commit (FITDQN_COMMIT where the tree travelled without its .git)."""
+    if os.environ.get("FITDQN_COMMIT"):
+        return os.environ["FITDQN_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent).stdout.strip() or "unknown"

@@ -40,6 +40,7 @@ import copy
 import gc
 import json
 import math
+import os
 import signal
 import statistics
 import subprocess
@@ -409,7 +410,7 @@ def profile_rows(config: Config, args, device: torch.device) -> dict:
                                           args.profile_top)
     learner = batch = None
     free(device)
-    if "compile" in args.modes:
+    if "compile" in args.modes and args.profile_plain:
         torch._dynamo.reset()
         plain = PlainLearner(config.net, config.learn, args.state_dim, device, COMPILE_MODES["compile"])
         batch = random_batch(config, args.state_dim, batch_size, device)
@@ -432,6 +433,9 @@ def free(device: torch.device) -> None:
 
 
 def commit() -> str | None:
+    """The code's commit (FITDQN_COMMIT where the tree travelled without its .git)."""
+    if os.environ.get("FITDQN_COMMIT"):
+        return os.environ["FITDQN_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
                               cwd=Path(__file__).parent).stdout.strip()
@@ -463,26 +467,6 @@ def run(args) -> dict:
     if device.type != "cuda":
         modes = [m for m in modes if m not in ("fitdqn", "graph")]
     rows = []
-    for batch_size in batches:
-        for mode in modes:
-            if mode == "max-autotune" and args.max_autotune_batches and \
-                    batch_size not in [int(b) for b in args.max_autotune_batches.split(",")]:
-                continue
-            bench = bench_fitdqn if mode in FITDQN_MODES else bench_plain
-            try:
-                row = bench(config, args, device, batch_size, mode)
-            except torch.OutOfMemoryError as error:
-                row = {"impl": "fitdqn" if mode in FITDQN_MODES else "plain", "mode": mode, "batch": batch_size,
-                       "error": f"out of memory: {str(error)[:200]}"}
-            except Exception as error:  # report and go on: one broken mode must not lose the others
-                row = {"impl": "fitdqn" if mode in FITDQN_MODES else "plain", "mode": mode, "batch": batch_size,
-                       "error": repr(error)[:400]}
-            if row.get("peak_bytes") is not None:
-                row["kb_per_sample"] = row["peak_bytes"] / batch_size / 1024
-            rows.append(row)
-            print(format_row(row), flush=True)
-            free(device)
-    add_ratios(rows)
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "commit": commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
@@ -490,12 +474,47 @@ def run(args) -> dict:
         "state_dim": args.state_dim, "config": {k: config_to_dict(config)[k] for k in ("net", "learn")},
         "results": rows,
     }
+    started = time.perf_counter()
+
+    def out_of_time() -> bool:
+        return args.total_limit > 0 and time.perf_counter() - started > args.total_limit
+
+    autotune_batches = [int(b) for b in args.max_autotune_batches.split(",") if b] or batches
+    jobs = [(b, m) for b in batches for m in modes if m != "max-autotune"]  # the longest compiles last
+    jobs += [(b, "max-autotune") for b in batches if "max-autotune" in modes and b in autotune_batches]
+    for batch_size, mode in jobs:
+        bench = bench_fitdqn if mode in FITDQN_MODES else bench_plain
+        if mode in COMPILE_MODES and out_of_time():
+            rows.append({"impl": "plain", "mode": mode, "batch": batch_size,
+                         "skipped": f"past --total-limit {args.total_limit:g} s"})
+            continue
+        try:
+            row = bench(config, args, device, batch_size, mode)
+        except torch.OutOfMemoryError as error:
+            row = {"impl": "fitdqn" if mode in FITDQN_MODES else "plain", "mode": mode, "batch": batch_size,
+                   "error": f"out of memory: {str(error)[:200]}"}
+        except Exception as error:  # report and go on: one broken mode must not lose the others
+            row = {"impl": "fitdqn" if mode in FITDQN_MODES else "plain", "mode": mode, "batch": batch_size,
+                   "error": repr(error)[:400]}
+        if row.get("peak_bytes") is not None:
+            row["kb_per_sample"] = row["peak_bytes"] / batch_size / 1024
+        rows.append(row)
+        print(format_row(row), flush=True)
+        add_ratios(rows)
+        write(args.out, result)  # after every row: a run cut short keeps what it measured
+        free(device)
     if args.profile_batch and device.type == "cuda":
         try:
             result["profile"] = profile_rows(config, args, device)
         except Exception as error:
             result["profile"] = {"error": repr(error)[:400]}
+        write(args.out, result)
     return result
+
+
+def write(path: str, result: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=2, default=str))
 
 
 def format_row(row: dict) -> str:
@@ -544,6 +563,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-batch", type=int, default=8192, help="batch of the profile table (0: none)")
     parser.add_argument("--profile-calls", type=int, default=10, help="updates profiled")
     parser.add_argument("--profile-top", type=int, default=15, help="kernels listed")
+    parser.add_argument("--profile-plain", action="store_true", help="also profile the compiled plain step")
+    parser.add_argument("--total-limit", type=float, default=0.0,
+                        help="seconds after which no further compile row starts (0: no limit)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fitdqn config override")
     return parser.parse_args(argv)
 
@@ -552,8 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
     print_table(result)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2, default=str))
+    write(args.out, result)
     print(f"wrote {args.out}")
     return 0
 
