@@ -430,6 +430,7 @@ def main() -> None:
     parser.add_argument("--no-graph", action="store_true", help="skip CUDA graph capture")
     parser.add_argument("--no-uniform", action="store_true", help="skip the uniform-sampling rows")
     parser.add_argument("--no-torchrl", action="store_true", help="skip the TorchRL rows")
+    parser.add_argument("--no-fitdqn", action="store_true", help="skip fitdqn's rows")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain-torch sum tree rows")
     parser.add_argument("--parts", action="store_true", help="also time descent / gather / update alone")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile + CUDA graph rows")
@@ -447,12 +448,13 @@ def main() -> None:
         results.append({"impl": "check against CPU", "capacity": 64 * 40, **check})
     for capacity in args.capacities:
         capacity -= capacity % args.num_envs
-        results += bench_fitdqn(args, capacity, device, prioritized=True)
+        if not args.no_fitdqn:
+            results += bench_fitdqn(args, capacity, device, prioritized=True)
         if not args.no_plain:
             results += bench_plain(args, capacity, device)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        if not args.no_uniform:
+        if not args.no_uniform and not args.no_fitdqn:
             results += bench_fitdqn(args, capacity, device, prioritized=False)
         if not args.no_torchrl:
             results += bench_torchrl(args, capacity, device)

@@ -97,6 +97,8 @@ def test_plain_projection_keeps_mass_and_mean():
     torch.testing.assert_close(target.sum(-1), torch.ones(32, 3))
     shifted = (reward[:, None, None] + discount[:, None, None] * support).clamp(-2.0, 2.0)
     torch.testing.assert_close((target * support).sum(-1), (probs * shifted).sum(-1), rtol=1e-5, atol=1e-5)
+    edge = bench.project(probs, torch.full((32,), 2.0), torch.zeros(32), support)  # every atom lands on v_max
+    torch.testing.assert_close(edge[..., -1], torch.ones(32, 3))
 
 
 def test_plain_step_runs_and_learns_something():
