@@ -299,6 +299,16 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
+def timed_out(error: BaseException | None) -> bool:
+    """Whether ``error`` is, or wraps (Inductor re-raises it as ``InductorError``), a :class:`CompileTimeout`."""
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, CompileTimeout) or "CompileTimeout" in repr(error):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
 def peak_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
     """Allocated bytes at the peak of ``fn`` beyond those allocated before it (CUDA only)."""
     if device.type != "cuda":
@@ -347,7 +357,9 @@ def bench_plain(config: Config, args, device: torch.device, batch_size: int, mod
     try:
         with time_limit(args.compile_limit if compile_mode else 0):
             first = seconds_of(lambda: learner.step(batch), device)  # compiles forward and backward
-    except CompileTimeout:
+    except Exception as error:
+        if not timed_out(error):
+            raise
         torch._dynamo.reset()
         return {**row, "skipped": f"compiling took longer than --compile-limit {args.compile_limit:g} s"}
     ordinary = seconds_of(lambda: learner.step(batch), device)
@@ -419,7 +431,9 @@ def profile_rows(config: Config, args, device: torch.device) -> dict:
                 plain.step(batch)
             result["plain_compile"] = kernel_table(lambda: plain.step(batch), device, args.profile_calls,
                                                    args.profile_top)
-        except CompileTimeout:
+        except Exception as error:
+            if not timed_out(error):
+                raise
             result["plain_compile"] = {"skipped": "compile limit"}
     return result
 
@@ -444,6 +458,18 @@ def commit() -> str | None:
 
 
 def add_ratios(rows: list[dict]) -> None:
+    """Each row against fitdqn's graphed update at its batch, and ``marginal_kb_per_sample``: the slope of the peak
+    bytes from the previous batch of the same implementation and mode (fixed costs such as weight casts, cuBLAS
+    workspaces and the IQN kernel's partial sums cancel)."""
+    previous: dict[tuple[str, str], dict] = {}
+    for row in rows:
+        if row.get("peak_bytes") is None:
+            continue
+        last = previous.get((row["impl"], row["mode"]))
+        if last is not None and row["batch"] > last["batch"]:
+            row["marginal_kb_per_sample"] = (row["peak_bytes"] - last["peak_bytes"]) / (
+                row["batch"] - last["batch"]) / 1024
+        previous[(row["impl"], row["mode"])] = row
     reference = {r["batch"]: r for r in rows if r["impl"] == "fitdqn" and r["mode"] == "graph" and "ms" in r}
     for row in rows:
         ref = reference.get(row["batch"])
@@ -535,12 +561,14 @@ def format_row(row: dict) -> str:
     ratio = row.get("ms_over_fitdqn_graph")
     return (f"{name:22} {row['batch']:>6} {row['ms']:9.3f} " + (f"{kb:9.1f}" if kb is not None else f"{'-':>9}")
             + (f" {compile_s:9.1f}" if compile_s is not None else f" {'-':>9}")
-            + (f" {ratio:8.2f}x" if ratio is not None else f" {'-':>9}"))
+            + (f" {ratio:8.2f}x" if ratio is not None else f" {'-':>9}")
+            + (f" {marginal:9.1f}" if (marginal := row.get("marginal_kb_per_sample")) is not None else f" {'-':>9}"))
 
 
 def print_table(result: dict) -> None:
     print(f"\n{result['device']}  torch {result['torch']}  commit {result['commit']}")
-    print(f"{'implementation':22} {'batch':>6} {'ms':>9} {'KB/samp':>9} {'compile s':>9} {'vs fitdqn':>9}")
+    print(f"{'implementation':22} {'batch':>6} {'ms':>9} {'KB/samp':>9} {'compile s':>9} {'vs fitdqn':>9} "
+          f"{'marg. KB':>9}")
     for row in result["results"]:
         print(format_row(row))
     profile = result.get("profile") or {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -130,3 +131,33 @@ def test_driver_writes_json_on_cpu(tmp_path):
     assert [(r["impl"], r["mode"], r["batch"]) for r in rows] == [
         ("fitdqn", "eager", 8), ("plain", "eager", 8), ("fitdqn", "eager", 16), ("plain", "eager", 16)]
     assert all(r["ms"] > 0 and r["outputs_finite"] for r in rows)
+
+
+def test_compile_limit_is_recognised_through_wrappers():
+    bench = load_bench()
+    try:
+        with bench.time_limit(0.05):
+            time.sleep(5)
+    except bench.CompileTimeout as error:
+        caught = error
+    assert isinstance(caught, bench.CompileTimeout)
+    try:
+        try:
+            raise bench.CompileTimeout
+        except bench.CompileTimeout as inner:
+            raise RuntimeError("InductorError") from inner
+    except RuntimeError as wrapped:
+        assert bench.timed_out(wrapped)
+    assert not bench.timed_out(ValueError("shape mismatch"))
+
+
+def test_marginal_bytes_and_ratios():
+    bench = load_bench()
+    rows = [{"impl": "fitdqn", "mode": "graph", "batch": 1024, "ms": 1.0, "peak_bytes": 3 * 2**20},
+            {"impl": "plain", "mode": "compile", "batch": 1024, "ms": 2.0, "peak_bytes": 6 * 2**20},
+            {"impl": "fitdqn", "mode": "graph", "batch": 2048, "ms": 2.0, "peak_bytes": 5 * 2**20},
+            {"impl": "plain", "mode": "compile", "batch": 2048, "ms": 3.0, "peak_bytes": 12 * 2**20}]
+    bench.add_ratios(rows)
+    assert rows[2]["marginal_kb_per_sample"] == 2.0 and rows[3]["marginal_kb_per_sample"] == 6.0
+    assert rows[1]["ms_over_fitdqn_graph"] == 2.0 and rows[3]["ms_over_fitdqn_graph"] == 1.5
+    assert rows[3]["kb_over_fitdqn_graph"] == 12 / 5
