@@ -83,7 +83,7 @@ def _hat(positions: torch.Tensor) -> torch.Tensor:
 
 
 def quantile_huber_loss(
-    pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float = 1.0, fused: bool = False
+    pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float, fused: bool = False
 ) -> torch.Tensor:
     """IQN's quantile Huber loss per sample: ``[B]``.
 
