@@ -280,8 +280,8 @@ def bench_plain(args, capacity: int, device: torch.device) -> list[dict]:
     spec = transition_spec(args.agent_dim)
     buffer = ReplayBuffer(
         spec, capacity, args.num_envs, n_step=3, gamma=0.99, episode_length=args.episode_length,
-        goal_column=GOAL_COLUMN, goal_reward=goal_reward, prioritized=True, her=True, fanout=args.fanout,
-        device=device,
+        goal_column=GOAL_COLUMN, goal_reward=goal_reward, prioritized=True, alpha=0.6, priority_eps=1e-6, her=True,
+        her_k=4, tree_fanout=args.fanout, compile=False, device=device,
     )
     fill(buffer, args.episode_length, args.agent_dim, torch.Generator(device).manual_seed(0))
     plain = PlainPrioritizedReplay(buffer.storage.fields, buffer.storage.written, buffer.num_envs,

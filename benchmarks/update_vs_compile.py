@@ -325,8 +325,8 @@ def bench_fitdqn(config: Config, args, device: torch.device, batch_size: int, mo
     torch.manual_seed(0)
     learner = Learner(config, args.state_dim, device)
     learner.set_batch_size(batch_size)
-    batch = random_batch(config, args.state_dim, batch_size, device)
-    row: dict = {"impl": "fitdqn", "mode": "graph" if mode == "fitdqn" else "eager", "batch": batch_size}
+    batch = random_batch(config, args.state_dim, batch_size, device, 0)
+    row = row_name(mode, batch_size)
     if mode == "fitdqn-eager":
         first = seconds_of(lambda: learner.update(batch), device)
         row["peak_bytes"] = peak_bytes(lambda: learner.update(batch), device)
@@ -351,7 +351,7 @@ def bench_plain(config: Config, args, device: torch.device, batch_size: int, mod
         row["torch_compile_mode"] = compile_mode
         torch._dynamo.reset()
     learner = PlainLearner(config.net, config.learn, args.state_dim, device, compile_mode)
-    batch = random_batch(config, args.state_dim, batch_size, device)
+    batch = random_batch(config, args.state_dim, batch_size, device, 0)
     graphed = mode != "eager" and device.type == "cuda"
     learner.cache = not graphed
     try:
@@ -417,7 +417,7 @@ def profile_rows(config: Config, args, device: torch.device) -> dict:
     torch.manual_seed(0)
     learner = Learner(config, args.state_dim, device)
     learner.set_batch_size(batch_size)
-    batch = random_batch(config, args.state_dim, batch_size, device)
+    batch = random_batch(config, args.state_dim, batch_size, device, 0)
     result["fitdqn_eager"] = kernel_table(partial(learner.update, batch), device, args.profile_calls,
                                           args.profile_top)
     learner = batch = None
@@ -425,7 +425,7 @@ def profile_rows(config: Config, args, device: torch.device) -> dict:
     if "compile" in args.modes and args.profile_plain:
         torch._dynamo.reset()
         plain = PlainLearner(config.net, config.learn, args.state_dim, device, COMPILE_MODES["compile"])
-        batch = random_batch(config, args.state_dim, batch_size, device)
+        batch = random_batch(config, args.state_dim, batch_size, device, 0)
         try:
             with time_limit(args.compile_limit):
                 plain.step(batch)
@@ -521,11 +521,9 @@ def run(args) -> dict:
         try:
             row = bench(config, args, device, batch_size, mode)
         except torch.OutOfMemoryError as error:
-            row = {"impl": "fitdqn" if mode in FITDQN_MODES else "plain", "mode": mode, "batch": batch_size,
-                   "error": f"out of memory: {str(error)[:200]}"}
+            row = {**row_name(mode, batch_size), "error": f"out of memory: {str(error)[:200]}"}
         except Exception as error:  # report and go on: one broken mode must not lose the others
-            row = {"impl": "fitdqn" if mode in FITDQN_MODES else "plain", "mode": mode, "batch": batch_size,
-                   "error": repr(error)[:400]}
+            row = {**row_name(mode, batch_size), "error": repr(error)[:400]}
         if row.get("peak_bytes") is not None:
             row["kb_per_sample"] = row["peak_bytes"] / batch_size / 1024
         rows.append(row)
@@ -550,6 +548,12 @@ def profile_into(result: dict, config: Config, args, device: torch.device) -> No
 def write(path: str, result: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(result, indent=2, default=str))
+
+
+def row_name(mode: str, batch_size: int) -> dict:
+    if mode in FITDQN_MODES:
+        return {"impl": "fitdqn", "mode": "graph" if mode == "fitdqn" else "eager", "batch": batch_size}
+    return {"impl": "plain", "mode": mode, "batch": batch_size}
 
 
 def format_row(row: dict) -> str:
