@@ -27,7 +27,9 @@ Per row: ``ms``: median over ``--iters`` calls after ``--warmup`` (CUDA events a
 times ``graph.replay()`` with its inputs in place); ``kb_per_sample``: peak allocated bytes minus those
 allocated before (networks, gradients, Adam state and the batch exist already), over the batch (graph modes:
 the peak over warm-up and capture, as ``benchmarks/bench_update.py`` measures it); ``compile_s``: the first
-call's time less one ordinary call. ``ratios`` divide each mode by fitdqn's graphed update at the same batch.
+call's time less one ordinary call; ``marginal_kb_per_sample``: the slope of the peak from the previous batch
+(fixed costs cancel); ``ms_over_fitdqn_graph``, ``kb_over_fitdqn_graph``: each row over fitdqn's graphed update at
+the same batch.
 ``--profile-batch``: a ``torch.profiler`` table of where the time of fitdqn's update goes (eager: kernel by
 kernel; the graph replays the same kernels without the launch gaps), and the same for the compiled plain step.
 """
