@@ -1,4 +1,5 @@
-"""`fitdqn tune`: its options (registered by :func:`add_parser`) and the command over the library functions."""
+"""`fitdqn tune`: hyperparameter trials with Optuna (:func:`fitdqn.tune.runner.run_tune`), its report
+(:func:`fitdqn.tune.report.print_report`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fitdqn.cli_args import add_config_arguments, config_from_args
+from fitdqn.cli.args import add_config_arguments, config_from_args
+from fitdqn.cli.common import Commands
 from fitdqn.config import Config, ConfigError, config_from_dict, with_overrides
 from fitdqn.errors import UserError
 
@@ -17,7 +19,7 @@ INSTALL_HINT = "pip install 'fitdqn[tune]' (or: pip install optuna)"
 OPTIONS = {"trials": "tune.trials", "parallel": "tune.parallel", "dir": "tune.dir", "storage": "tune.storage"}
 
 
-def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(commands: Commands) -> argparse.ArgumentParser:
     """Register `fitdqn tune` on the CLI's subcommands."""
     defaults = Config().tune
     tune = commands.add_parser(
@@ -44,12 +46,12 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     tune.add_argument("--report", metavar="DIR", help="run no trial: print the trials of the study in DIR and write "
                       "DIR/history.png and DIR/importances.png")
     add_config_arguments(tune, TUNE_ALIASES)
-    tune.set_defaults(run=run_tune_command)
+    tune.set_defaults(run=run)
     return tune
 
 
 def require_optuna() -> None:
-    try:
+    try:  # Optuna is optional (fitdqn[tune]): looked for only when the command runs
         import optuna  # noqa: F401
     except ImportError:
         raise UserError(f"fitdqn tune needs Optuna, which is not installed: {INSTALL_HINT}") from None
@@ -89,8 +91,9 @@ def config_and_search(args: argparse.Namespace) -> tuple[Config, Any]:
     return config, search
 
 
-def run_tune_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     require_optuna()
+    # Optuna (optional) and torch: imported when the command runs, so `fitdqn --help` stays fast
     from fitdqn.tune.report import print_report
     from fitdqn.tune.runner import run_tune
     from fitdqn.tune.space import parse_search_space
