@@ -374,8 +374,9 @@ def status_line(record: dict[str, Any]) -> str:
         f"upd {record.get('updates_per_s', 0):,.1f}/s",
         f"loss {record['loss']:.3f}" if "loss" in record else "filling replay",
     ]
-    if "validation_sharpe" in record:
-        parts.append(f"val Sharpe {record['validation_sharpe']:.2f}")
+    if "validation_sharpe" in record:  # None: no Sharpe (a ruined account, or no returns)
+        sharpe = record["validation_sharpe"]
+        parts.append("val Sharpe -" if sharpe is None else f"val Sharpe {sharpe:.2f}")
     if "gpu_memory_gib" in record:
         parts.append(f"mem {record['gpu_memory_gib']:.2f} GiB")
     return "  ".join(parts)
