@@ -50,7 +50,7 @@ from fitdqn.memory.trace import (
     trace_step_memory,
 )
 from fitdqn.nets.groups import MEMORY_GROUPS, parameter_groups
-from fitdqn.nets.kernels import resolve_kernels
+from fitdqn.ops.kernels import resolve_kernels
 from fitdqn.plan.plan_cache import data_provenance
 from fitdqn.plan.planner import InfeasiblePlan, Plan, make_plan
 from fitdqn.plan.replay_share import ReplayTooSmall, her_component, replay_component, replay_sample_bytes
