@@ -8,28 +8,9 @@ import copy
 import pytest
 import torch
 from learn_helpers import make_batch, make_learner, small_config
-
-from fitdqn.device.graphs import capture_graph
+from support.graphs import capture_update
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-
-
-def capture_update(learner, example_batch: dict[str, torch.Tensor]):
-    """``learner.update`` captured over static copies of ``example_batch``; the warm-up updates (real ones) are
-    undone in place, so the learner is left as it was. Returns ``step(batch) -> outputs`` (the graph's static
-    outputs: the next call overwrites them)."""
-    static_batch = {key: value.clone() for key, value in example_batch.items()}
-    snapshot = copy.deepcopy(learner.state_dict())
-    graph, outputs = capture_graph(lambda: learner.update(static_batch), learner.device, warmup=3)
-    learner.load_state_dict(snapshot)
-
-    def step(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        for key, value in static_batch.items():
-            value.copy_(batch[key], non_blocking=True)
-        graph.replay()
-        return outputs
-
-    return step
 
 
 @cuda
