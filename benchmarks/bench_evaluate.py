@@ -23,8 +23,8 @@ from fitdqn.config import Config, with_overrides
 from fitdqn.evaluate.backtest import evaluate_config
 from fitdqn.evaluate.baselines import greedy_policy
 from fitdqn.learn.learner import Learner
+from fitdqn.market.env import STATE_DIM
 from fitdqn.market.loader import load_market
-from fitdqn.train.run import state_dim_of
 
 
 def peak_rss_mib() -> float:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     market = load_market(config.market, window=config.net.window, device=args.device)
     load_seconds = time.perf_counter() - start
-    learner = Learner(config, state_dim_of(market), args.device)
+    learner = Learner(config, STATE_DIM, args.device)
     rss_loaded = peak_rss_mib()
     start = time.perf_counter()
     with torch.no_grad():

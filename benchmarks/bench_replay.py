@@ -124,8 +124,8 @@ def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool) -
     spec = transition_spec(args.agent_dim)
     buffer = ReplayBuffer(
         spec, capacity, args.num_envs, n_step=3, gamma=0.99, episode_length=args.episode_length,
-        goal_column=GOAL_COLUMN, goal_reward=goal_reward, prioritized=prioritized, her=True,
-        fanout=args.fanout, device=device,
+        goal_column=GOAL_COLUMN, goal_reward=goal_reward, prioritized=prioritized, alpha=0.6, priority_eps=1e-6,
+        her=True, her_k=4, tree_fanout=args.fanout, compile=False, device=device,
     )
     generator = torch.Generator(device).manual_seed(0)
     fill(buffer, args.episode_length, args.agent_dim, generator)
@@ -179,8 +179,8 @@ def check_against_cpu(args, device: torch.device) -> dict:
     """Same rows into a CPU buffer and a ``device`` buffer (Triton rebuild, compiled sampling): agree?"""
     spec, num_envs, capacity = transition_spec(args.agent_dim), 64, 64 * 40
     kwargs = dict(n_step=3, gamma=0.99, episode_length=16, goal_column=GOAL_COLUMN, goal_reward=goal_reward,
-                  prioritized=True, her=True, fanout=8)
-    cpu = ReplayBuffer(spec, capacity, num_envs, device="cpu", **kwargs)
+                  prioritized=True, alpha=0.6, priority_eps=1e-6, her=True, her_k=4, tree_fanout=8)
+    cpu = ReplayBuffer(spec, capacity, num_envs, device="cpu", compile=False, **kwargs)
     dev = ReplayBuffer(spec, capacity, num_envs, device=device, compile=True, **kwargs)
     fill(cpu, 16, args.agent_dim, torch.Generator().manual_seed(0))
     for t in range(cpu.storage.steps):

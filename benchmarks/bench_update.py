@@ -107,7 +107,7 @@ def trace_update(config: Config, state_dim: int, device: torch.device, batch_siz
 
     def make_step(batch: int, fake_device: torch.device) -> StepSetup:
         learner = Learner(config, state_dim, fake_device)
-        data = random_batch(config, state_dim, batch, fake_device)
+        data = random_batch(config, state_dim, batch, fake_device, seed=0)
         groups = {name: list(group.modules) for name, group in parameter_groups(learner).items()}
         return StepSetup(lambda: learner.update(data), groups)
 
@@ -117,7 +117,7 @@ def trace_update(config: Config, state_dim: int, device: torch.device, batch_siz
 def bench_eager(config: Config, args, device: torch.device, batch_size: int) -> dict:
     torch.manual_seed(0)
     learner = Learner(config, args.state_dim, device)
-    batch = random_batch(config, args.state_dim, batch_size, device)
+    batch = random_batch(config, args.state_dim, batch_size, device, seed=0)
     for _ in range(args.warmup):
         learner.update(batch)
     row: dict = {"batch": batch_size, "mode": "eager"}
@@ -135,7 +135,7 @@ def bench_eager(config: Config, args, device: torch.device, batch_size: int) -> 
 def bench_graphed(config: Config, args, device: torch.device, batch_size: int) -> dict:
     torch.manual_seed(0)
     learner = Learner(config, args.state_dim, device)
-    batch = random_batch(config, args.state_dim, batch_size, device)
+    batch = random_batch(config, args.state_dim, batch_size, device, seed=0)
     sync(device)
     torch.cuda.empty_cache()
     reserved_before = torch.cuda.memory_reserved(device)

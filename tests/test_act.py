@@ -43,7 +43,7 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def policy(run_dir):
-    return load_run_policy(run_dir)
+    return load_run_policy(run_dir, "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -138,10 +138,10 @@ def test_act_without_the_training_bars_needs_the_goal_unit(run_dir, policy, mark
     config["market"]["data"] = str(tmp_path / "gone.csv")
     (moved / "config.toml").write_text(tomli_w.dumps(config))
     with pytest.raises(UserError, match="set market.contract"):  # 'auto' on a file: the contract comes from its bars
-        load_run_policy(moved)
+        load_run_policy(moved, "cpu")
     config["market"]["contract"] = "generic"  # the spec the run traded (synthetic bars)
     (moved / "config.toml").write_text(tomli_w.dumps(config))
-    other = load_run_policy(moved)
+    other = load_run_policy(moved, "cpu")
     recent = market.bars.iloc[-300:]
     with pytest.raises(UserError, match="--goal-unit"):
         act_on_bars(other, recent)

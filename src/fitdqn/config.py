@@ -170,6 +170,9 @@ class ReplayConfig:
     min_fill: int = knob(10_000, "transitions stored before updates start (at most one epoch's: updates start in "
                          "the first epoch)", ge=0)
     compile: bool = knob(True, "torch.compile the replay's sampling maths on CUDA (few fused kernels)")
+    tree_fanout: int = knob(64, "children per node of the prioritized sum tree (wide: a shallow tree, a few "
+                            "batched kernels per descent; each descent step reads this many priorities per "
+                            "sample)", ge=2)
 
 
 @dataclass(frozen=True)
@@ -476,6 +479,34 @@ SMALL_NET = {"trunk_hidden": 128, "d_model": 64, "stream_hidden": 64, "iqn_embed
              "iqn_act_quantiles": 16, "iql_hidden": 64}
 
 
+@dataclass(frozen=True)
+class ProfileBatch:
+    """``budget.batch_size = -1``: the GPU profile's tested batch, checked against the memory."""
+
+
+@dataclass(frozen=True)
+class AutoBatch:
+    """``budget.batch_size = 0``: the planner computes it from what the fixed consumers leave."""
+
+
+@dataclass(frozen=True)
+class FixedBatch:
+    """``budget.batch_size = N > 0``: exactly N, checked against the memory."""
+
+    size: int
+
+
+BatchChoice = ProfileBatch | AutoBatch | FixedBatch
+
+
+def batch_choice(budget: BudgetConfig) -> BatchChoice:
+    """The one reading of ``budget.batch_size`` (-1 / 0 / N, its knob's encoding)."""
+    if budget.batch_size > 0:
+        return FixedBatch(budget.batch_size)
+    return ProfileBatch() if budget.batch_size == -1 else AutoBatch()
+
+
+
 def for_device(config: Config, device_kind: str) -> Config:
     """Resolve the 'auto' values that depend on the device kind ('cuda' or 'cpu'); idempotent."""
     if config.collect.num_envs == 0:
@@ -491,6 +522,15 @@ def for_device(config: Config, device_kind: str) -> Config:
         net = dataclasses.replace(net, **{k: v for k, v in SMALL_NET.items()
                                           if getattr(net, k) == getattr(defaults, k)})
     return dataclasses.replace(config, net=net)
+
+
+def knob_choices(section: type, name: str) -> tuple[str, ...]:
+    """The values a string knob declares (``knob_choices(MarketConfig, "reward")``): code that branches on a knob
+    reads them here instead of restating them."""
+    spec = next((f for f in dataclasses.fields(section) if f.name == name), None)
+    if spec is None or "choices" not in spec.metadata:
+        raise TypeError(f"{section.__name__}.{name} is not a knob with declared choices")
+    return spec.metadata["choices"]
 
 
 def knob_error(key: str, value: Any, spec: dataclasses.Field) -> str | None:

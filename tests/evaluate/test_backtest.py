@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support.env import env_options
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.evaluate.backtest import BarRule, evaluate_policy, run_backtest, segment_layout
@@ -15,7 +16,7 @@ from fitdqn.market.features import FEATURE_NAMES
 from fitdqn.market.loader import load_market
 
 FLAT, LONG1, LONG2, SHORT1, SHORT2 = 2, 3, 4, 1, 0
-SIZES = dict(window=8, max_contracts=2, reward_scale=1e-3, branches=(5, 5, 5))
+SIZES = dict(window=8, max_contracts=2, reward_scale=1e-3, reward="pnl", branches=(5, 5, 5))
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def sp500_market():
 def test_buy_and_hold_backtest_over_a_whole_split(sp500_market):
     market = sp500_market
     split = market.splits["test"]
-    env = FuturesEnv.from_market(market, "test", episode_length=len(split), sequential=True)
+    env = FuturesEnv.from_market(market, "test", **env_options(episode_length=len(split), sequential=True))
     bt = run_backtest(env, lambda obs: torch.tensor([[LONG1, 0, 0]]), split="test", timestamps=None)
     assert len(bt) == split.stop - 1 - split.start and bt.decision_bar[0] == split.start
     p = market.prices.double().numpy()
@@ -87,7 +88,8 @@ def test_segment_layout_covers_every_step_with_whole_episodes():
 
 def sequential_reference(market, policy, split, episode_length):
     """The backtest as it was: one env, one decision per bar (the segmented run's parity reference)."""
-    env = FuturesEnv.from_market(market, split, episode_length=episode_length, sequential=True, **SIZES)
+    env = FuturesEnv.from_market(market, split,
+                                 **env_options(episode_length=episode_length, sequential=True, **SIZES))
     g = 0.5 * sum(env.goal_range)
     env.goal_range = (g, g)
     env.reset()

@@ -91,7 +91,7 @@ def test_quantile_huber_gradcheck_and_fp32():
     assert torch.autograd.gradcheck(lambda p: quantile_huber_loss(p, target, taus, 1.0), (pred,))
     pred32 = torch.randn(16, 64, 3) * 5
     target32, taus32 = torch.randn(16, 64, 3) * 5, torch.rand(16, 64)
-    got = quantile_huber_loss(pred32, target32, taus32)
+    got = quantile_huber_loss(pred32, target32, taus32, 1.0)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, quantile_huber_reference(pred32, target32, taus32, 1.0), rtol=1e-5, atol=1e-5)
 
@@ -100,7 +100,7 @@ def test_quantile_huber_rejects_bad_shapes_and_kappa():
     with pytest.raises(ValueError):
         quantile_huber_loss(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2, 3), kappa=0.0)
     with pytest.raises(ValueError):
-        quantile_huber_loss(torch.zeros(2, 3, 2), torch.zeros(2, 4, 3), torch.zeros(2, 3))
+        quantile_huber_loss(torch.zeros(2, 3, 2), torch.zeros(2, 4, 3), torch.zeros(2, 3), 1.0)
 
 
 def test_expectile_loss():

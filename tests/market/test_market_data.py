@@ -119,7 +119,8 @@ def test_csv_and_parquet_load_the_same_bars(tmp_path):
     pd.testing.assert_frame_equal(from_csv, from_parquet)
     assert from_csv["close"].to_numpy() == pytest.approx(frame["Close"].to_numpy())
     assert from_csv["volume"].to_numpy() == pytest.approx(frame["Vol"].to_numpy())  # 'Vol' alias
-    assert load_bars(str(parquet), date_format="auto").equals(from_parquet)
+    no_synthetic = dict(synthetic_bars_count=0, synthetic_signal=0.0, seed=0)
+    assert load_bars(str(parquet), date_format="auto", **no_synthetic).equals(from_parquet)
 
 
 def test_aliases_case_and_separate_date_time_columns(tmp_path):
@@ -204,7 +205,7 @@ def test_unsupported_and_missing_files(tmp_path):
     with pytest.raises(UserError, match="not found"):
         read_bars_file(tmp_path / "nope.csv")
     with pytest.raises(UserError, match="neither a built-in"):
-        load_bars("spx500", date_format="auto")
+        load_bars("spx500", date_format="auto", synthetic_bars_count=0, synthetic_signal=0.0, seed=0)
 
 
 def test_too_few_bars_for_warmup_and_episode(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support.env import env_options
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.errors import UserError
@@ -49,10 +50,7 @@ def hand_env(bars, episode_length, atr=2.0, num_envs=1) -> FuturesEnv:
         TEST_CONTRACT,
         first_bar=0,
         stop_bar=episode_length + 1,
-        num_envs=num_envs,
-        window=1,
-        episode_length=episode_length,
-        reward_scale=SCALE,
+        **env_options(num_envs=num_envs, window=1, episode_length=episode_length, reward_scale=SCALE),
     )
 
 
@@ -178,7 +176,7 @@ def test_stop_and_target_prices_round_to_the_tick():
 def test_episode_reward_of_holding_one_contract_is_buy_and_hold_minus_costs(sp500_market):
     market = sp500_market
     L = 64
-    env = FuturesEnv.from_market(market, "train", num_envs=16, episode_length=L, seed=5)
+    env = FuturesEnv.from_market(market, "train", **env_options(num_envs=16, episode_length=L, seed=5))
     start = env.bar.clone()
     total = torch.zeros(16, dtype=torch.float64)
     for _ in range(L):
@@ -194,7 +192,7 @@ def test_episode_reward_of_holding_one_contract_is_buy_and_hold_minus_costs(sp50
 # ---------------------------------------------------------------------------------------------- episodes
 def test_episodes_start_after_warmup_and_reset_inside_step(sp500_market):
     L = 20
-    env = FuturesEnv.from_market(sp500_market, "train", num_envs=64, episode_length=L, seed=3)
+    env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=64, episode_length=L, seed=3))
     train = sp500_market.splits["train"]
     assert env.first_bar == WARMUP and env.num_starts == train.stop - 1 - L - WARMUP + 1
     starts = [env.bar.clone()]
@@ -219,7 +217,7 @@ def test_episodes_start_after_warmup_and_reset_inside_step(sp500_market):
 
 
 def test_goal_is_sampled_per_episode_and_rewarded_on_upward_crossing(sp500_market):
-    env = FuturesEnv.from_market(sp500_market, "train", num_envs=256, episode_length=4, seed=0)
+    env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=256, episode_length=4, seed=0))
     goals = env.agent[:, GOAL_COLUMN]
     low, high = env.goal_range
     assert low == 0.0 and high == pytest.approx(env.goal_unit * 2.0)
@@ -233,7 +231,7 @@ def test_goal_is_sampled_per_episode_and_rewarded_on_upward_crossing(sp500_marke
 
 def test_seeded_determinism(sp500_market):
     def rollout(seed):
-        env = FuturesEnv.from_market(sp500_market, "train", num_envs=32, episode_length=16, seed=seed)
+        env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=32, episode_length=16, seed=seed))
         g = torch.Generator().manual_seed(1)
         outs = [env.step(torch.randint(0, 5, (32, 3), generator=g)) for _ in range(40)]
         return {k: torch.stack([o[k] for o in outs]) for k in outs[0]}
@@ -242,14 +240,14 @@ def test_seeded_determinism(sp500_market):
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert not torch.equal(a["bar"], c["bar"])
-    env = FuturesEnv.from_market(sp500_market, "train", num_envs=8, seed=1)
+    env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=8, seed=1))
     first = env.bar.clone()
     env.reset(seed=1)
     assert torch.equal(env.bar, first)
 
 
 def test_transition_contract(sp500_market):
-    env = FuturesEnv.from_market(sp500_market, "train", num_envs=5, episode_length=8)
+    env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=5, episode_length=8))
     spec = transition_spec()
     assert list(spec) == [
         "bar",
@@ -285,12 +283,13 @@ def test_step_has_no_host_sync():
 
 def test_bad_env_arguments(sp500_market):
     with pytest.raises(UserError, match="cannot hold an episode"):
-        FuturesEnv.from_market(sp500_market, "test", episode_length=5000)
+        FuturesEnv.from_market(sp500_market, "test", **env_options(episode_length=5000))
     with pytest.raises(UserError, match=r"net.branches"):
-        FuturesEnv.from_market(sp500_market, "train", branches=(5, 4, 5))
+        FuturesEnv.from_market(sp500_market, "train", **env_options(branches=(5, 4, 5)))
     with pytest.raises(UserError, match="window"):
         hand_env([FLAT_BAR] * 5, 2).__class__(
-            torch.zeros(5, 4), torch.zeros(5), torch.zeros(5, 72), TEST_CONTRACT, first_bar=0, window=4
+            torch.zeros(5, 4), torch.zeros(5), torch.zeros(5, 72), TEST_CONTRACT, first_bar=0,
+            **env_options(window=4)
         )
 
 
@@ -320,7 +319,7 @@ def test_vol_reward_is_pnl_over_the_decision_bars_atr():
     prices = torch.tensor(bars, dtype=torch.float32)
     atr = torch.tensor([2.0, 4.0, 4.0])
     env = FuturesEnv(prices, atr, torch.zeros(3, NUM_FEATURES), TEST_CONTRACT, first_bar=0, stop_bar=3,
-                     window=1, episode_length=2, reward_scale=0.5, reward="vol")
+                     **env_options(window=1, episode_length=2, reward_scale=0.5, reward="vol"))
     out = env.step(act(LONG1, 0, 0))
     pnl = (101.5 - 100.5 - 0.25) * 50 - 2.5
     assert out["pnl"].item() == pytest.approx(pnl)  # the backtest's currency is unchanged
@@ -365,4 +364,10 @@ def test_an_unresolved_reward_scale_is_refused():
     with pytest.raises(UserError, match="resolve_reward"):
         hand_env([FLAT_BAR, FLAT_BAR], episode_length=1).__class__(
             torch.tensor([FLAT_BAR, FLAT_BAR]), torch.full((2,), 2.0), torch.zeros(2, NUM_FEATURES), TEST_CONTRACT,
-            first_bar=0, window=1, episode_length=1, reward_scale=0.0)
+            first_bar=0, **env_options(window=1, episode_length=1, reward_scale=0.0))
+
+
+def test_a_given_goal_unit_is_used_as_given(sp500_market):
+    derived = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=4))
+    given = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=4), goal_unit=0.7)
+    assert derived.goal_unit != 0.7 and given.goal_unit == 0.7 and given.goal_range == (0.0, 0.7 * 16.0)

@@ -147,7 +147,7 @@ def test_bars_per_year_from_the_calendar():
     five_day = hourly[hourly.day_of_week < 5]
     assert 6200 <= bars_per_year(five_day) <= 6270  # 24x5 (forex, futures): 24 x 5 x 52.1
     assert bars_per_year(pd.date_range("2001-01-05", "2010-12-31", freq="W-FRI")) == 52
-    assert bars_per_year(synthetic_bars(3000)["timestamp"]) == 261  # business days, no holidays
+    assert bars_per_year(synthetic_bars(3000, 0.3, 0)["timestamp"]) == 261  # business days, no holidays
     nyse = pd.bdate_range("2015-01-02", "2018-12-31")
     holidays = pd.DatetimeIndex([d for d in nyse if (d.month, d.day) in ((1, 1), (7, 4), (12, 25))])
     assert bars_per_year(nyse.difference(holidays)) == pytest.approx(261 - 2, abs=1)
@@ -293,7 +293,7 @@ def test_prices_beyond_float32_are_refused_at_load(tmp_path, case):
 
 
 def test_bad_canonical_bars_never_reach_the_features():
-    bars = synthetic_bars(400)
+    bars = synthetic_bars(400, 0.3, 0)
     for column, value, expected in (
         ("low", -1.0, "column 'low' at data row 201"),
         ("close", math.nan, "column 'close' at data row 201"),
@@ -306,7 +306,7 @@ def test_bad_canonical_bars_never_reach_the_features():
 
 
 def test_infinite_features_of_good_bars_take_the_clip_end_of_their_sign():
-    bars = synthetic_bars(400)
+    bars = synthetic_bars(400, 0.3, 0)
     flat = bars.loc[300, "close"]
     bars.loc[300:305, ["open", "high", "low", "close"]] = flat  # six identical bars: 5-bar volatility 0
     features = compute_features(bars)
@@ -317,7 +317,7 @@ def test_infinite_features_of_good_bars_take_the_clip_end_of_their_sign():
 
 # ---------------------------------------------------------------------------------------------- no volume
 def test_bars_without_volume_have_the_volume_features_off(tmp_path):
-    with_volume = synthetic_bars(1200)
+    with_volume = synthetic_bars(1200, 0.3, 0)
     path = tmp_path / "novolume.csv"
     with_volume.drop(columns=["volume"]).to_csv(path, index=False)
     bars = read_bars_file(path, date_format="auto")
@@ -338,7 +338,7 @@ def test_a_csv_without_volume_trains(tmp_path):
     from fitdqn.train.run import train
 
     path = tmp_path / "novolume.csv"
-    synthetic_bars(1200).drop(columns=["volume"]).to_csv(path, index=False)
+    synthetic_bars(1200, 0.3, 0).drop(columns=["volume"]).to_csv(path, index=False)
     small = {
         "market.data": str(path), "market.episode_length": 32,
         "net.window": 4, "net.trunk_hidden": 64, "net.d_model": 32, "net.stream_hidden": 32, "net.num_atoms": 11,

@@ -317,3 +317,31 @@ def test_trace_matches_the_real_gpu(make_step, batch_size, fake_device):
     measured = measure_step_memory(make_step, batch_size, "cuda")
     torch.cuda.empty_cache()
     assert abs(traced.step_bytes - measured) <= 0.05 * measured, (traced.step_bytes, measured)
+
+
+class ToySampler:
+    """A stand-in replay: ``draw`` makes a batch (charged to its call group), ``observe`` makes no group's bytes."""
+
+    def draw(self, batch_size: int) -> torch.Tensor:
+        return torch.zeros(batch_size, 10)  # [B, 10] f32: 40 B a row
+
+    def observe(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(rows.shape[0], 20)  # [B, 20] f32: 80 B a row
+
+
+def test_calls_that_are_not_modules_are_charged_to_their_group_and_put_back():
+    sampler = ToySampler()
+
+    def make_step(batch_size: int, device: torch.device) -> StepSetup:
+        def step() -> None:
+            rows = sampler.draw(batch_size)
+            obs = sampler.observe(rows)
+            del rows, obs  # both alive together at the step's peak
+
+        return StepSetup(step, {}, {"replay": [(sampler, "draw")]})
+
+    batch = 1024
+    trace = trace_step_memory(make_step, batch, "cpu")
+    assert trace.step_by_group["replay"] == round_block(40 * batch)
+    assert trace.step_by_group[OTHER] == round_block(80 * batch)
+    assert "draw" not in vars(sampler)  # the method shows through again after the trace

@@ -167,3 +167,23 @@ def test_refining_an_auto_batch_finds_the_largest_that_fits_and_never_more(monke
     assert plan.batch_size >= 0.98 * largest  # and is nearly the largest that does
     assert plan.batch_size in anchors  # a batch that was traced, not extrapolated
     assert any("the step traced at" in note for note in plan.notes)
+
+
+def test_the_replay_and_her_shares_of_the_step_are_traced_not_typed_in():
+    """The update's sampling (draw, gather, n-step window, priorities) is charged to 'replay' and HER's relabelling
+    to 'her' by the trace's attribution of the trainer's own replay calls, each with what it holds at the step's
+    peak (HER's scratch is freed by then: 0 bytes a sample); HER off says so."""
+    from fitdqn.plan.build import PlanInputs, build_components
+
+    device = what_if("rtx3050", 4 * GIB, int(1.7 * GIB))
+    shares = {}
+    for her in (True, False):
+        config = for_device(synthetic(**{"replay.her": her, "collect.num_envs": 64}), device.kind)
+        components, _ = build_components(config, device, PlanInputs.from_config(config))
+        shares[her] = {c.name: c for c in components}
+    on, off = shares[True], shares[False]
+    assert on["replay"].per_sample_bytes > 0 and "traced update" in on["replay"].derived_from
+    assert "future-goal relabelling: traced update" in on["her"].derived_from
+    assert off["her"].per_sample_bytes == 0 and off["her"].derived_from == "replay.her = false"
+    assert on["her"].per_sample_bytes <= on["replay"].per_sample_bytes
+    assert on["replay"].per_sample_bytes >= 3 * 8  # a batch row holds int64 bar, next bar and index at least

@@ -13,6 +13,7 @@ from fitdqn.memory.overhead import cuda_driver_component, cuda_overhead_componen
 from fitdqn.memory.trace import trace_step_memory
 from fitdqn.plan.build import make_train_step
 from fitdqn.plan.calibrate import (
+    GROUPS,
     STEP_COMPONENTS,
     Calibration,
     CalibrationError,
@@ -140,8 +141,10 @@ def test_calibrated_plan_uses_the_measured_total_and_checks_the_fit_again():
     assert rows["step"]["measured"] == 30000 and rows["step"]["calibrated"] == 30000
     assert rows["total"]["planned"] == traced.per_sample_bytes and rows["total"]["calibrated"] == 30000
     assert rows["unattributed (scratch, rounding)"]["measured"] == 30000 - 23605
-    assert rows["other (replay+her+batch)"]["planned"] == 100 + 12 + 4400
-    assert sum(rows[g]["calibrated"] for g in ("dqn", "attention", "iqn", "iql", "other (replay+her+batch)")) == 30000
+    assert rows["other (batch)"]["planned"] == 4400
+    assert rows["replay"]["planned"] == 100 and rows["her"]["planned"] == 12
+    groups = ("dqn", "attention", "iqn", "iql", "replay", "her", "other (batch)")
+    assert sum(rows[g]["calibrated"] for g in groups) == 30000
     json_record = cal.to_json()
     assert json_record["driver_bytes"] == cal.driver_bytes and json_record["batches"] == [64, 256]
 
@@ -170,7 +173,8 @@ def test_print_calibration_shows_every_group(capsys):
     plan = calibrated_plan(traced, cal, with_overrides(Config(), {"budget.batch_size": 0}))
     print_calibration(traced, plan, cal, Console(width=160))
     out = capsys.readouterr().out
-    for text in ("dqn", "attention", "iqn", "iql", "other (replay+her+batch)", "step", "total", "driver-side bytes",
+    for text in ("dqn", "attention", "iqn", "iql", "replay", "her", "other (batch)", "step", "total",
+                 "driver-side bytes",
                  "tracker failed (test)", "29.3 KiB"):
         assert text in out, text
     assert "unattributed" not in out  # no live split: nothing to subtract
@@ -185,7 +189,7 @@ def test_live_bytes_on_real_cpu_tensors_match_the_fake_trace():
     fake = trace_step_memory(make_step, 48, "cpu")
     assert second.step_bytes == fake.step_bytes > first.step_bytes > 0
     assert second.step_by_group == fake.step_by_group
-    assert set(second.step_by_group) == {"dqn", "attention", "iqn", "iql", "other"}
+    assert {"dqn", "attention", "iqn", "iql", "replay", "other"} <= set(second.step_by_group) <= set(GROUPS)
     assert sum(second.peak_by_group.values()) == second.peak_bytes
     slopes = group_slopes(first, second)
     assert slopes["iqn"] > 0 and slopes["dqn"] > 0 and slopes["other"] > 0
@@ -216,7 +220,7 @@ def test_calibrate_flow_on_cpu_with_the_cuda_calls_stubbed(monkeypatch):
     assert cal.driver_bytes == 512 * 2**20
     assert cal.replay_capacity == 64 * 16
     assert cal.live_by_group is not None, cal.live_note
-    assert set(cal.live_by_group) == set(cal.traced_by_group) == {"dqn", "attention", "iqn", "iql", "other"}
+    assert set(cal.live_by_group) == set(cal.traced_by_group) == set(GROUPS)
     assert cal.traced_per_sample > 0 and cal.live_total_per_sample > 0
 
 

@@ -5,8 +5,8 @@ from support.replay_reference import transition_spec
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.errors import UserError
-from fitdqn.plan.replay_share import replay_fixed_bytes
-from fitdqn.replay import ReplayBuffer, bytes_per_transition, her_component, replay_component
+from fitdqn.plan.replay_share import replay_component, replay_fixed_bytes
+from fitdqn.replay import ReplayBuffer, bytes_per_transition
 from fitdqn.replay.sum_tree import sum_tree_bytes
 
 
@@ -19,16 +19,19 @@ def real_bytes(buffer: ReplayBuffer) -> int:
     return sum(t.numel() * t.element_size() for t in buffer.tensors())
 
 
-@pytest.mark.parametrize("prioritized", [True, False])
-def test_fixed_bytes_equal_a_real_buffer(prioritized):
-    cfg = with_overrides(config(prioritized=prioritized), {"collect.num_envs": 8, "replay.min_fill": 10})
+@pytest.mark.parametrize(("prioritized", "fanout"), [(True, 64), (True, 8), (False, 64)])
+def test_fixed_bytes_equal_a_real_buffer(prioritized, fanout):
+    cfg = with_overrides(config(prioritized=prioritized, tree_fanout=fanout),
+                         {"collect.num_envs": 8, "replay.min_fill": 10})
     spec = transition_spec()
     component, capacity = replay_component(cfg, spec, free_bytes=10**6, num_envs=8)
-    buffer = ReplayBuffer.from_config(cfg, spec, capacity, goal_column=4)
+    buffer = ReplayBuffer.from_config(cfg, spec, capacity, goal_column=4, device="cpu")
     assert component.fixed_bytes == real_bytes(buffer)
-    assert component.name == "replay" and component.per_sample_bytes > 0
+    assert component.name == "replay" and component.per_sample_bytes == 0  # the step's share is traced
     storage = capacity * bytes_per_transition(spec)
-    tree = sum_tree_bytes(capacity, 64) if prioritized else 0
+    tree = sum_tree_bytes(capacity, fanout) if prioritized else 0
+    if prioritized:
+        assert buffer.sampler.tree.fanout == fanout
     assert storage + tree <= component.fixed_bytes < storage + tree + 4096
     assert str(capacity) in component.derived_from
 
@@ -50,14 +53,6 @@ def test_capacity_fits_the_share_and_is_a_multiple_of_num_envs():
 def test_refuses_when_the_share_is_too_small():
     with pytest.raises(UserError, match="replay_buffer_vram_fraction"):
         replay_component(config(), transition_spec(), free_bytes=10**5, num_envs=4096)
-
-
-def test_her_component_is_per_sample_only():
-    spec = transition_spec()
-    her = her_component(config(), spec)
-    assert her.name == "her" and her.fixed_bytes == 0 and 40 < her.per_sample_bytes < 200
-    off = her_component(config(her=False), spec)
-    assert off.per_sample_bytes == 0
 
 
 def test_meta_counting_is_cheap_at_large_capacity():

@@ -127,9 +127,9 @@ def test_a_cached_plan_is_the_plan_and_its_key_covers_the_data_file(tmp_path):
     assert plan_cache.cached_plan(small(tmp_path, **{"budget.headroom_fraction": 0.1}), device)[0] is None
     bars = tmp_path / "bars.csv"
     bars.write_text("a")
-    before = plan_cache.data_provenance(str(bars))
+    before = trace_cache.data_provenance(str(bars))
     bars.write_text("ab")
-    assert plan_cache.data_provenance(str(bars)) != before
+    assert trace_cache.data_provenance(str(bars)) != before
 
 
 def test_a_repeated_plan_command_imports_nothing_of_the_system(tmp_path):

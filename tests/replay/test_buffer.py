@@ -6,6 +6,7 @@ from support.replay_reference import (
     GOAL_COLUMN,
     FakeEnv,
     absolute_step,
+    buffer_options,
     goal_reward,
     nstep_reference,
     transition_spec,
@@ -20,9 +21,9 @@ def filled(num_envs=4, steps=13, written=31, length=6, n_step=3, terminal=0.15, 
            prioritized=True, with_goal_reward=True, terminal_sets_end=True, seed=0):
     env = FakeEnv(num_envs, length, terminal, terminal_sets_end=terminal_sets_end, seed=seed)
     buffer = ReplayBuffer(
-        transition_spec(), steps * num_envs, num_envs, n_step=n_step, gamma=GAMMA, episode_length=length,
-        goal_column=GOAL_COLUMN, goal_reward=goal_reward if with_goal_reward else None,
-        prioritized=prioritized, her=her,
+        transition_spec(), steps * num_envs, num_envs, **buffer_options(
+            n_step=n_step, gamma=GAMMA, episode_length=length, prioritized=prioritized, her=her),
+        goal_reward=goal_reward if with_goal_reward else None,
     )
     for _ in range(written):
         buffer.write(env.step())
@@ -230,4 +231,4 @@ def test_state_dict_resumes_exactly(prioritized):
 
 def test_capacity_too_small_for_n_step():
     with pytest.raises(ValueError, match="n_step"):
-        ReplayBuffer(transition_spec(), 8, 4, n_step=3)
+        ReplayBuffer(transition_spec(), 8, 4, **buffer_options(n_step=3))

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from support.replay_reference import GOAL_COLUMN, FakeEnv, goal_reward, transition_spec
+from support.replay_reference import FakeEnv, buffer_options, goal_reward, transition_spec
 
 from fitdqn.ops import sum_tree as sum_tree_ops
 from fitdqn.replay import ReplayBuffer, SumTree
@@ -31,8 +31,8 @@ def test_triton_rebuild_matches_torch(fanout):
 @cuda
 def test_compiled_sampling_matches_eager():
     env = FakeEnv(64, 12, 0.05, seed=3)
-    buffer = ReplayBuffer(transition_spec(), 64 * 30, 64, n_step=3, gamma=0.95, episode_length=12,
-                          goal_column=GOAL_COLUMN, goal_reward=goal_reward, device="cuda")
+    buffer = ReplayBuffer(transition_spec(), 64 * 30, 64, **buffer_options(
+        n_step=3, gamma=0.95, episode_length=12, device="cuda"), goal_reward=goal_reward)
     for _ in range(45):
         buffer.write({k: v.cuda() for k, v in env.step().items()})
     buffer.update_priorities(torch.arange(0, 1500, 7, device="cuda"), torch.rand(215, device="cuda"))
@@ -49,8 +49,8 @@ def test_compiled_sampling_matches_eager():
 @cuda
 def test_sample_and_update_capture_in_a_cuda_graph():
     env = FakeEnv(32, 10, 0.05, seed=4)
-    buffer = ReplayBuffer(transition_spec(), 32 * 20, 32, episode_length=10, goal_column=GOAL_COLUMN,
-                          goal_reward=goal_reward, device="cuda", compile=True)
+    buffer = ReplayBuffer(transition_spec(), 32 * 20, 32, **buffer_options(
+        n_step=3, gamma=0.99, episode_length=10, device="cuda", compile=True), goal_reward=goal_reward)
     for _ in range(25):
         buffer.write({k: v.cuda() for k, v in env.step().items()})
     beta = torch.tensor(0.5, device="cuda", dtype=torch.float64)

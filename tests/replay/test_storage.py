@@ -27,7 +27,7 @@ def test_check_rows_names_the_problem():
 def test_ring_layout_and_wrap():
     """Step t of env e is slot (t * E + e) % capacity, across several wraps."""
     E, capacity = 3, 12
-    ring = RingStorage({"x": FieldSpec((2,), torch.int64)}, capacity, E)
+    ring = RingStorage({"x": FieldSpec((2,), torch.int64)}, capacity, E, "cpu")
     for t in range(11):
         rows = torch.stack([torch.arange(E) + 100 * t, torch.full((E,), t)], 1)  # [E, 2]
         slots = ring.write({"x": rows})
@@ -42,4 +42,4 @@ def test_ring_layout_and_wrap():
 
 def test_capacity_must_be_a_multiple_of_num_envs():
     with pytest.raises(ValueError, match="multiple"):
-        RingStorage(transition_spec(), 10, 4)
+        RingStorage(transition_spec(), 10, 4, "cpu")

@@ -29,7 +29,7 @@ def test_level_sizes_cover_the_leaves(num_leaves, fanout):
     assert all(size % fanout == 0 for size in sizes)
     for parent, child in zip(sizes, sizes[1:], strict=False):
         assert parent >= child // fanout
-    tree = SumTree(num_leaves, fanout)
+    tree = SumTree(num_leaves, fanout, "cpu")
     assert sum(level.numel() * 8 for level in tree.levels) == sum_tree_bytes(num_leaves, fanout)
 
 
@@ -38,7 +38,7 @@ def test_updates_with_duplicates_match_numpy(fanout):
     """Random update sequences with duplicated indices: leaves follow 'max wins', nodes stay exact sums."""
     rng = np.random.default_rng(fanout)
     n = 777
-    tree = SumTree(n, fanout)
+    tree = SumTree(n, fanout, "cpu")
     ref = np.zeros(n)
     for round_ in range(60):
         index = rng.integers(0, n, size=64)
@@ -62,7 +62,7 @@ def test_updates_with_duplicates_match_numpy(fanout):
 def test_integer_priorities_are_exact_and_find_matches_searchsorted():
     rng = np.random.default_rng(1)
     n = 3000
-    tree = SumTree(n, 16)
+    tree = SumTree(n, 16, "cpu")
     ref = rng.integers(0, 6, size=n).astype(float)  # zeros included: must never be found
     tree.update_max(torch.arange(n), torch.from_numpy(ref))
     check_internal_sums(tree, exact=True)
@@ -74,7 +74,7 @@ def test_integer_priorities_are_exact_and_find_matches_searchsorted():
 
 
 def test_total_mass_or_more_never_returns_an_empty_leaf():
-    tree = SumTree(100, 4)
+    tree = SumTree(100, 4, "cpu")
     tree.update_max(torch.tensor([3, 50, 97]), torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64))
     found = tree.find(torch.tensor([0.6, 0.6000001, 1e9, -1.0], dtype=torch.float64))
     assert found.tolist() == [97, 97, 97, 3]
@@ -86,7 +86,7 @@ def test_stratified_sampling_frequencies_match_priorities():
     n = 200
     priorities = rng.random(n) ** 2 + 0.01
     priorities[rng.permutation(n)[:40]] = 0.0
-    tree = SumTree(n, 8)
+    tree = SumTree(n, 8, "cpu")
     tree.update_max(torch.arange(n), torch.from_numpy(priorities))
     generator = torch.Generator().manual_seed(3)
     counts = np.zeros(n)
@@ -105,9 +105,9 @@ def test_stratified_sampling_frequencies_match_priorities():
 
 
 def test_rebuild_and_state_dict_round_trip():
-    tree = SumTree(500, 8)
+    tree = SumTree(500, 8, "cpu")
     tree.update_max(torch.arange(0, 500, 3), torch.rand(167, dtype=torch.float64))
-    copy = SumTree(500, 8)
+    copy = SumTree(500, 8, "cpu")
     copy.load_state_dict({k: v.clone() for k, v in tree.state_dict().items()})
     for a, b in zip(tree.levels, copy.levels, strict=True):
         assert torch.equal(a, b)

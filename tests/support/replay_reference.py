@@ -5,10 +5,22 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fitdqn.config import Config
 from fitdqn.replay.spec import FieldSpec
 
 AGENT_DIM = 6
 GOAL_COLUMN = 4
+
+
+def buffer_options(**overrides) -> dict:
+    """Every keyword a :class:`fitdqn.replay.ReplayBuffer` takes, from the config's defaults (eager, on the CPU,
+    the goal in ``GOAL_COLUMN``), with ``overrides``."""
+    config = Config()
+    r = config.replay
+    options = dict(n_step=config.learn.n_step, gamma=config.learn.gamma, episode_length=config.market.episode_length,
+                   goal_column=GOAL_COLUMN, prioritized=r.prioritized, alpha=r.alpha, priority_eps=r.priority_eps,
+                   her=r.her, her_k=r.her_k, tree_fanout=r.tree_fanout, compile=False, device="cpu")
+    return {**options, **overrides}
 
 
 def transition_spec() -> dict[str, FieldSpec]:

@@ -11,8 +11,7 @@ from fitdqn.config import Config, load_config
 from fitdqn.errors import UserError
 from fitdqn.learn.learner import Learner
 from fitdqn.market.contract import ContractSpec
-from fitdqn.market.env import NUM_AGENT_FIELDS, market_goal_unit
-from fitdqn.market.features import NUM_FEATURES
+from fitdqn.market.env import STATE_DIM, market_goal_unit
 from fitdqn.market.loader import load_market, market_contract
 from fitdqn.train.checkpoint import load_checkpoint
 from fitdqn.train.trainer import CHECKPOINT_NAME
@@ -47,7 +46,7 @@ class RunPolicy:
                                 self.config.market.reward)
 
 
-def load_run_policy(run_dir: str | Path, device: torch.device | str = "cpu") -> RunPolicy:
+def load_run_policy(run_dir: str | Path, device: torch.device | str) -> RunPolicy:
     """The trained learner of ``run_dir`` (its ``config.toml`` and ``checkpoint.pt``) on ``device``."""
     run_dir = Path(run_dir)
     config_path = run_dir / "config.toml"
@@ -56,7 +55,7 @@ def load_run_policy(run_dir: str | Path, device: torch.device | str = "cpu") -> 
     config = load_config(config_path)
     device = torch.device(device)
     state = load_checkpoint(run_dir / CHECKPOINT_NAME, map_location=device)
-    learner = Learner(config, NUM_FEATURES + NUM_AGENT_FIELDS, device)
+    learner = Learner(config, STATE_DIM, device)
     try:
         learner.load_state_dict(state["learner"])
     except (KeyError, RuntimeError, ValueError) as error:

@@ -89,7 +89,7 @@ def probe(spec: str = "auto") -> DeviceInfo:
             free = min(free, max(limit - torch.cuda.memory_reserved(device), 0))
         return DeviceInfo(
             name=props.name, kind="cuda", index=device.index, total_bytes=int(total), free_bytes=int(free),
-            compute_capability=(props.major, props.minor), bf16=torch.cuda.is_bf16_supported(),
+            compute_capability=(props.major, props.minor), bf16=torch.cuda.is_bf16_supported(including_emulation=False),
             allocator_limit_bytes=limit, sm_count=props.multi_processor_count,
             max_threads_per_sm=props.max_threads_per_multi_processor,
         )

@@ -202,17 +202,18 @@ def evaluate_policy(
     episode_length: int,
     max_contracts: int,
     reward_scale: float,
+    reward: str,
     branches: Sequence[int],
     segments: int,
     goal: float | None = None,
     progress: Progress_ = None,
-    reward: str = "pnl",
 ) -> Backtest:
     """Backtest ``policy`` over a whole split of ``market`` from its first valid bar to its end, in at most
     ``segments`` parallel segments. ``goal`` is the target shown in the state (None: the middle of the
     training goal range)."""
     options = dict(window=window, episode_length=episode_length, max_contracts=max_contracts,
-                   reward_scale=reward_scale, reward=reward, branches=branches, sequential=True)
+                   reward_scale=reward_scale, reward=reward, branches=branches, sequential=True,
+                   seed=0)  # a sequential env draws no start bars; the goal is set below
     s = market.split(split)
     steps = s.stop - 1 - market.first_bar(s, window)
     count, _ = segment_layout(steps, episode_length, segments)

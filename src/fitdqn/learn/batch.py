@@ -9,7 +9,7 @@ from fitdqn.config import Config
 
 
 def random_batch(
-    config: Config, state_dim: int, batch_size: int, device: torch.device | str = "cpu", seed: int = 0
+    config: Config, state_dim: int, batch_size: int, device: torch.device | str, seed: int
 ) -> dict[str, torch.Tensor]:
     """A random batch: standard-normal observations, valid actions, rewards N(0, 1), 10 % terminal."""
     generator = torch.Generator().manual_seed(seed)  # on the host: the same batch on every device

@@ -60,7 +60,7 @@ OUTPUT_KEYS = ("loss", "c51_loss", "iqn_loss", "iql_loss", "priorities", "q_mean
 class Learner:
     """Online and target Q networks, V(s), one Adam; ``update`` and ``act``."""
 
-    def __init__(self, config: Config, state_dim: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, config: Config, state_dim: int, device: torch.device | str) -> None:
         self.config = config
         self.net_config, self.learn_config = config.net, config.learn
         self.device = torch.device(device)

@@ -59,7 +59,7 @@ def _atom_positions(dims: int, rewards: torch.Tensor, discounts: torch.Tensor, s
 
 
 def quantile_huber_loss(
-    pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float = 1.0, fused: bool = False
+    pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float, fused: bool = False
 ) -> torch.Tensor:
     """IQN's quantile Huber loss per sample: ``[B]``.
 

@@ -31,9 +31,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fitdqn.config import Config, LearnConfig
+from fitdqn.config import Config, LearnConfig, knob_choices
 
-LR_SCALINGS = ("sqrt", "linear", "none")
+LR_SCALINGS = knob_choices(LearnConfig, "lr_scaling")
 
 
 def scaled_lr(learn: LearnConfig, batch_size: int) -> float:

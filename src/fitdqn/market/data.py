@@ -313,7 +313,7 @@ def _parse_timestamps(raw: pd.Series, source: str, column: str, date_format: str
     return stamps.astype("datetime64[ns]").reset_index(drop=True), hint
 
 
-def normalise_bars(frame: pd.DataFrame, source: str = "bars", *, date_format: str = "auto") -> pd.DataFrame:
+def normalise_bars(frame: pd.DataFrame, source: str = "bars", *, date_format: str) -> pd.DataFrame:
     """The canonical bar frame from any frame with recognisable OHLCV columns, validated.
 
     Column names are matched case-insensitively with aliases (``Date``, ``Datetime``, ``Time``, ``Vol`` ...);
@@ -469,7 +469,7 @@ def builtin_bars(name: str) -> pd.DataFrame:
     return normalise_bars(frame, f"built-in '{name}'", date_format=BUILTIN_DATE_FORMAT)
 
 
-def synthetic_bars(num_bars: int = 6000, signal: float = 0.3, seed: int = 0) -> pd.DataFrame:
+def synthetic_bars(num_bars: int, signal: float, seed: int) -> pd.DataFrame:
     """A seeded synthetic daily market with a planted predictable component (business-day timestamps from
     2000-01-03; one-minute timestamps beyond 60,000 bars).
 
@@ -546,9 +546,11 @@ def synthetic_bars(num_bars: int = 6000, signal: float = 0.3, seed: int = 0) -> 
 
 
 def load_bars(
-    data: str, *, date_format: str, synthetic_bars_count: int = 6000, synthetic_signal: float = 0.3, seed: int = 0
+    data: str, *, date_format: str, synthetic_bars_count: int, synthetic_signal: float, seed: int
 ) -> pd.DataFrame:
-    """Bars for ``market.data``: a built-in name or a CSV/Parquet path (text times read by ``date_format``)."""
+    """Bars for ``market.data``: a built-in name or a CSV/Parquet path (text times read by ``date_format``); the
+    synthetic market of ``synthetic_bars_count`` bars (``market.synthetic_bars``), ``synthetic_signal`` and
+    ``seed``."""
     if data in ("sp500", "nasdaq"):
         return builtin_bars(data)
     if data == "synthetic":

@@ -51,7 +51,6 @@ in the state (:data:`GOAL_COLUMN`); the bonus
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +60,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fitdqn.config import MarketConfig, knob_choices
 from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec
 from fitdqn.market.data import Split
@@ -83,7 +83,9 @@ AGENT_FIELDS: tuple[str, ...] = (
 NUM_AGENT_FIELDS = len(AGENT_FIELDS)  # Fa
 GOAL_COLUMN = AGENT_FIELDS.index("goal")
 ACHIEVED_COLUMN = AGENT_FIELDS.index("achieved")
-STATE_DIM = NUM_FEATURES + NUM_AGENT_FIELDS  # S = Fm + Fa
+# S = Fm + Fa: the width of one observation token, the networks' input. The one definition: the env, the
+# learner of a run, the planner and the exported policy all read this (FuturesEnv.state_dim is the same value).
+STATE_DIM = NUM_FEATURES + NUM_AGENT_FIELDS
 assert STATE_DIM == 80, "DESIGN.md: the state is 80 wide (Fm = 80 - Fa)"
 
 STOP_ATR: tuple[float, ...] = (0.0, 1.0, 1.5, 2.0, 3.0)  # branch 1 (0 = no stop)
@@ -160,7 +162,7 @@ def typical_atr(atr: Tensor, start: int, stop: int) -> float:
     return float(span.median()) if span.numel() else 1.0
 
 
-def market_goal_unit(market: Market, window: int, reward_scale: float, reward: str = "pnl") -> float:
+def market_goal_unit(market: Market, window: int, reward_scale: float, reward: str) -> float:
     """The goal unit of every env on ``market``: the training split's median ATR for one contract in reward
     units (so train, validation and test envs share one goal scale and one HER bonus)."""
     if reward == "vol":  # one ATR of one contract is one reward unit before scaling
@@ -170,7 +172,7 @@ def market_goal_unit(market: Market, window: int, reward_scale: float, reward: s
     return atr * market.contract.multiplier * reward_scale
 
 
-REWARDS = ("pnl", "vol")
+REWARDS = knob_choices(MarketConfig, "reward")
 
 
 @dataclass(frozen=True)
@@ -267,15 +269,15 @@ class FuturesEnv:
         contract: ContractSpec,
         *,
         first_bar: int,
+        num_envs: int,
+        window: int,
+        episode_length: int,
+        max_contracts: int,
+        reward_scale: float,
+        reward: str,
+        branches: Sequence[int],
+        seed: int,
         stop_bar: int | None = None,
-        num_envs: int = 1,
-        window: int = 8,
-        episode_length: int = 256,
-        max_contracts: int = 2,
-        reward_scale: float = 1e-3,
-        reward: str = "pnl",
-        branches: Sequence[int] = (5, 5, 5),
-        seed: int = 0,
         sequential: bool = False,
         goal_range: tuple[float, float] | None = None,
         goal_unit: float | None = None,
@@ -287,9 +289,9 @@ class FuturesEnv:
         check_branches(branches)
         if num_envs < 1 or episode_length < 1 or window < 1:
             raise UserError("num_envs, episode_length and window must all be at least 1")
-        if tuple(prices.shape) != (T, 4) or tuple(atr.shape) != (T,) or features.shape[0] != T:
+        if tuple(prices.shape) != (T, 4) or tuple(atr.shape) != (T,) or tuple(features.shape) != (T, NUM_FEATURES):
             raise ValueError(
-                f"prices [T, 4], atr [T], features [T, Fm] disagree: {prices.shape}, {atr.shape}, "
+                f"prices [T, 4], atr [T], features [T, Fm = {NUM_FEATURES}] disagree: {prices.shape}, {atr.shape}, "
                 f"{features.shape}"
             )
         if first_bar < window - 1:
@@ -361,15 +363,13 @@ class FuturesEnv:
 
     # ------------------------------------------------------------------------------------------ builders
     @classmethod
-    def from_market(cls, market: Market, split: str | Split = "train", **options: Any) -> FuturesEnv:
+    def from_market(cls, market: Market, split: str | Split, *, window: int, reward_scale: float, reward: str,
+                    goal_unit: float | None = None, **options: Any) -> FuturesEnv:
         """An env over one split of a loaded Market (its tensors are shared, not copied). ``options``: the
-        constructor's keyword arguments (``num_envs``, ``window``, ``episode_length``, ``seed``, ...), with the
-        constructor's defaults; the first bar, the stop bar and the goal unit come from the market."""
+        constructor's other keyword arguments (``num_envs``, ``episode_length``, ``max_contracts``,
+        ``branches``, ``seed``, ``sequential``, ...), all of them given; the first bar and the stop bar come from
+        the market, and the goal unit too unless given (a stand-in market whose ATR is not to be read)."""
         s = market.split(split)
-        defaults = inspect.signature(cls.__init__).parameters
-        window = options.get("window", defaults["window"].default)
-        reward_scale = options.get("reward_scale", defaults["reward_scale"].default)
-        reward = options.get("reward", defaults["reward"].default)
         return cls(
             market.prices,
             market.atr,
@@ -377,7 +377,10 @@ class FuturesEnv:
             market.contract,
             first_bar=market.first_bar(s, window),
             stop_bar=s.stop,
-            goal_unit=market_goal_unit(market, window, reward_scale, reward),
+            goal_unit=market_goal_unit(market, window, reward_scale, reward) if goal_unit is None else goal_unit,
+            window=window,
+            reward_scale=reward_scale,
+            reward=reward,
             **options,
         )
 
@@ -385,13 +388,14 @@ class FuturesEnv:
     def from_config(
         cls,
         config,
-        split: str = "train",
+        split: str,
         *,
         market: Market | None = None,
         device=None,
         num_envs: int | None = None,
         seed: int | None = None,
         sequential: bool = False,
+        goal_unit: float | None = None,
     ) -> FuturesEnv:
         """An env from a :class:`fitdqn.config.Config` (``market.*``, ``net.window``, ``net.branches``,
         ``collect.num_envs``, ``train.seed``); pass ``market`` to share one loaded Market between envs."""
@@ -412,12 +416,14 @@ class FuturesEnv:
             branches=config.net.branches,
             seed=config.train.seed if seed is None else seed,
             sequential=sequential,
+            goal_unit=goal_unit,
         )
 
     # ------------------------------------------------------------------------------------------ contract
     @property
     def state_dim(self) -> int:
-        return int(self.features.shape[1]) + NUM_AGENT_FIELDS
+        """S of the observations ``[E, W, S]``: :data:`STATE_DIM` (the features are checked to be Fm wide)."""
+        return STATE_DIM
 
     @staticmethod
     def transition_spec() -> dict[str, FieldSpec]:

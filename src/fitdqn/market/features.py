@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from fitdqn.config import MarketConfig
 from fitdqn.market.data import COLUMNS, normalise_bars, validate_bars
 
 CLIP = 5.0
@@ -292,7 +293,7 @@ def bar_tensors(bars: pd.DataFrame, device=None) -> dict[str, Tensor]:
         validate_bars(bars, "bars")
         frame = bars
     else:
-        frame = normalise_bars(bars)
+        frame = normalise_bars(bars, date_format=MarketConfig().date_format)  # a frame given directly
     out = {k: torch.tensor(frame[k].to_numpy(dtype=np.float64), device=device) for k in COLUMNS[1:]}
     stamps = frame["timestamp"].to_numpy().astype("datetime64[ns]").astype(np.int64)
     out["ns"] = torch.tensor(stamps, device=device)

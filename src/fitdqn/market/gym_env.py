@@ -12,8 +12,10 @@ Action: ``MultiDiscrete([5, 5, 5])`` (target position, stop, take-profit; see ``
 Observation: ``Box [W, S] float32`` (W = ``window`` bars, S = 72 features + 8 agent-state columns).
 Keyword arguments (all optional): ``data``, ``contract``, ``split``, ``window``, ``episode_length``,
 ``max_contracts``, ``reward_scale``, ``synthetic_bars``, ``synthetic_signal``, ``train_fraction``,
-``validation_fraction``, ``config`` (a :class:`fitdqn.config.Config` they override), ``market`` (a loaded
-:class:`fitdqn.market.loader.Market` to share), ``device`` (default ``'cpu'``), ``seed``.
+``validation_fraction``, ``config`` (a :class:`fitdqn.config.Config` they override; its defaults when not
+given), ``market`` (a loaded :class:`fitdqn.market.loader.Market` to share), ``device`` (not given: the market's,
+the CPU for a market loaded here), ``seed`` (not given: ``train.seed``). ``num_envs`` of the vector env is
+``gymnasium.make_vec``'s.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def _build_env(
         config = dataclasses.replace(config, net=dataclasses.replace(config.net, window=int(window)))
     if market is None:
         market = load_market(config.market, window=config.net.window, device=device)
-    return FuturesEnv.from_config(config, split, market=market, num_envs=num_envs, seed=seed or 0)
+    return FuturesEnv.from_config(config, split, market=market, num_envs=num_envs, seed=seed)
 
 
 def _spaces(window: int, levels: int) -> tuple[spaces.Box, spaces.MultiDiscrete]:
@@ -113,7 +115,7 @@ class FuturesGymEnv(gymnasium.Env):
         market: Market | None = None,
         split: str = "train",
         window: int | None = None,
-        device="cpu",
+        device=None,
         seed: int | None = None,
         render_mode: str | None = None,
         **overrides: Any,
@@ -173,13 +175,13 @@ class FuturesVectorEnv(VectorEnv):
 
     def __init__(
         self,
-        num_envs: int = 16,
+        num_envs: int,
         *,
         config: Config | None = None,
         market: Market | None = None,
         split: str = "train",
         window: int | None = None,
-        device="cpu",
+        device=None,
         seed: int | None = None,
         render_mode: str | None = None,
         **overrides: Any,

@@ -93,9 +93,9 @@ def market_from_bars(
     bars: pd.DataFrame,
     contract: ContractSpec,
     *,
+    train_fraction: float,
+    validation_fraction: float,
     name: str = "bars",
-    train_fraction: float = 0.7,
-    validation_fraction: float = 0.15,
     device=None,
 ) -> Market:
     """A Market from a canonical bar frame (see :func:`fitdqn.market.data.normalise_bars`)."""
@@ -153,8 +153,9 @@ def market_contract(market_config, bars: pd.DataFrame | None = None) -> Contract
     return contract_for(market_config.contract, market_config.data, bars.iloc[: max(train.stop, 1)])
 
 
-def load_market(market_config, *, window: int = 1, device=None, episode_length: int | None = None) -> Market:
-    """Everything for a :class:`fitdqn.config.MarketConfig`, checked for ``window`` and the episode length."""
+def load_market(market_config, *, window: int, device=None) -> Market:
+    """Everything for a :class:`fitdqn.config.MarketConfig`, checked for ``window`` (``net.window``) and
+    ``market.episode_length``; the tensors on ``device`` (None: the CPU)."""
     bars = bars_from_config(market_config)
     contract = market_contract(market_config, bars)
     check_contract_fits(contract, bars, market_config.max_contracts, f"'{market_config.data}'")
@@ -166,6 +167,5 @@ def load_market(market_config, *, window: int = 1, device=None, episode_length: 
         validation_fraction=market_config.validation_fraction,
         device=device,
     )
-    length = market_config.episode_length if episode_length is None else episode_length
-    check_enough_bars(market, window, length)
+    check_enough_bars(market, window, market_config.episode_length)
     return market

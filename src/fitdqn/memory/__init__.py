@@ -2,6 +2,6 @@
 
 A leaf: imports only torch and ``fitdqn.device``."""
 
-from fitdqn.memory.component import Component, buffer_bytes, parameter_bytes, tensor_bytes
+from fitdqn.memory.component import Component, ComponentName, buffer_bytes, parameter_bytes, tensor_bytes
 
-__all__ = ["Component", "buffer_bytes", "parameter_bytes", "tensor_bytes"]
+__all__ = ["Component", "ComponentName", "buffer_bytes", "parameter_bytes", "tensor_bytes"]

@@ -13,6 +13,10 @@ engine sums gradients that meet at a node while the producing node is still curr
 between two nodes falls to the node that ran last on that thread). Nodes made outside every group
 (the loss, the inputs) and the optimizer step belong to ``OTHER``.
 
+Calls: parts of a step that are not modules (a replay's sampling) are named by ``(object, attribute)`` pairs
+(``attach_calls``): for the trace the attribute is replaced by a wrapper that pushes the group's name around
+the call, as a module's hooks do (the innermost group running wins); the attribute is put back on exit.
+
 Storages keep the owner they had when they were made ("creator pays"): an input batch made outside the
 groups stays in ``OTHER`` even when a group saves it for backward.
 """
@@ -40,6 +44,7 @@ class GroupOwner:
         self._stack: list[str] = []
         self._last_backward: dict[int, str] = {}  # thread id -> label of the node that ran last
         self._handles: list = []
+        self._wrapped: list[tuple[object, str, bool, object]] = []  # (object, attribute, own attribute?, original)
 
     # -- who owns an allocation now --------------------------------------------------------------------
     def owner(self) -> str:
@@ -72,6 +77,12 @@ class GroupOwner:
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
+            for obj, attribute, own, original in reversed(self._wrapped):
+                if own:
+                    setattr(obj, attribute, original)
+                else:
+                    delattr(obj, attribute)  # the class's method shows through again
+            self._wrapped.clear()
             self._stack.clear()
             self.groups = {}
 
@@ -92,6 +103,26 @@ class GroupOwner:
                 self._handles.append(module.register_forward_pre_hook(self._push(name)))
                 self._handles.append(module.register_forward_hook(self._pop, always_call=True))
         self.groups = groups
+
+    def attach_calls(self, calls: dict[str, Iterable[tuple[object, str]]]) -> None:
+        """Charge what each ``(object, attribute)`` call allocates to its group (call inside ``active``)."""
+        for name, pairs in calls.items():
+            if name == OTHER:
+                raise ValueError(f"group name {OTHER!r} is reserved for what belongs to no group")
+            for obj, attribute in pairs:
+                original = getattr(obj, attribute)
+                self._wrapped.append((obj, attribute, attribute in vars(obj), original))
+                setattr(obj, attribute, self._charged(name, original))
+
+    def _charged(self, name: str, call):
+        def charged(*args, **kwargs):
+            self._stack.append(name)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self._stack.pop()
+
+        return charged
 
     def _push(self, name: str):
         def hook(module, args):

@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 
 import torch
 from torch import nn
+
+
+class ComponentName(StrEnum):
+    """Every consumer the plan knows, in allocation order (the network groups are ``fitdqn.nets.groups``')."""
+
+    REPLAY = "replay"
+    HER = "her"
+    COLLECTOR = "collector"
+    CUDA_OVERHEAD = "cuda_overhead"
+    CUDA_DRIVER = "cuda_driver"
+    DQN = "dqn"
+    ATTENTION = "attention"
+    IQN = "iqn"
+    IQL = "iql"
+    BATCH = "batch"
+    CUDA_GRAPHS = "cuda_graphs"
+    ALL_REDUCE = "all_reduce"  # data-parallel runs: the gradient all-reduce's buffers
+    NCCL = "nccl"  # data-parallel runs: NCCL's own device memory
+
+
+NETWORK_COMPONENTS = (ComponentName.DQN, ComponentName.ATTENTION, ComponentName.IQN, ComponentName.IQL)
 
 
 @dataclass(frozen=True)
@@ -17,16 +39,19 @@ class Component:
     says how, in a few words a user can check.
     """
 
-    name: str
+    name: ComponentName
     fixed_bytes: int
     per_sample_bytes: int
     derived_from: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", ComponentName(self.name))  # a stored plan's names come back as strings
 
     def bytes_at(self, batch_size: int) -> int:
         return self.fixed_bytes + self.per_sample_bytes * batch_size
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "name": str(self.name)}
 
 
 def tensor_bytes(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> int:

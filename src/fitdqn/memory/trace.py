@@ -59,10 +59,12 @@ from fitdqn.memory.live_bytes import AllocEvent, LiveBytes, LiveStorage, large_b
 
 
 class StepSetup(NamedTuple):
-    """What ``make_step`` may return: the step and the groups of modules to attribute memory to."""
+    """What ``make_step`` may return: the step, the groups of modules to attribute memory to, and groups of
+    calls that are not modules (``{'replay': [(replay, 'batch_from_uniforms')]}``, ``GroupOwner.attach_calls``)."""
 
     step: Callable[[], Any]
     groups: dict[str, list[nn.Module]] | None = None
+    calls: dict[str, list[tuple[object, str]]] | None = None
 
 
 MakeStep = Callable[[int, torch.device], "StepSetup | Callable[[], Any]"]
@@ -192,6 +194,7 @@ def traced_step(make_step: MakeStep, batch_size: int, target: torch.device, trac
     build, warm up, charge parameters to their groups, take the baseline, reset the peak, one step."""
     setup = _as_setup(make_step(batch_size, traced))
     owner.attach(setup.groups)
+    owner.attach_calls(setup.calls)
     for _ in range(warmup_steps):
         _run(setup.step)
     _charge_parameters(tracker, setup.groups)
@@ -224,9 +227,9 @@ def traced_step(make_step: MakeStep, batch_size: int, target: torch.device, trac
 
 
 def _as_setup(made: StepSetup | Callable[[], Any]) -> StepSetup:
-    if isinstance(made, tuple) and len(made) == 2:
-        step, groups = made
-        return StepSetup(step, dict(groups or {}))
+    if isinstance(made, tuple) and len(made) in (2, 3):
+        step, groups, calls = (*made, None) if len(made) == 2 else made
+        return StepSetup(step, dict(groups or {}), dict(calls or {}))
     if callable(made):
         return StepSetup(made, {})
     raise TypeError(f"make_step must return a callable or StepSetup(step, groups), not {type(made).__name__}")

@@ -25,22 +25,26 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fitdqn.config import Config, config_to_dict, for_device
+from fitdqn.config import AutoBatch, Config, FixedBatch, ProfileBatch, batch_choice, config_to_dict
 from fitdqn.device.cards import find_card
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile, profile_with_note
 from fitdqn.device.sizes import format_bytes
-from fitdqn.market.env import GOAL_COLUMN, NUM_AGENT_FIELDS, env_state_bytes, transition_spec
-from fitdqn.market.features import NUM_FEATURES
-from fitdqn.market.observation import build_observation
+from fitdqn.learn.learner import Learner
+from fitdqn.learn.schedule import Schedule
+from fitdqn.market.data import bars_from_config
+from fitdqn.market.env import STATE_DIM, env_state_bytes, transition_spec
+from fitdqn.market.loader import market_bytes
 from fitdqn.memory.allocator_model import (
     LARGE_BUFFER,
     SMALL_BUFFER,
     expandable_segments_enabled,
     pool_line,
 )
-from fitdqn.memory.component import Component
+from fitdqn.memory.attribution import OTHER
+from fitdqn.memory.component import Component, ComponentName, tensor_bytes
 from fitdqn.memory.kernel_scratch import CudaShape
 from fitdqn.memory.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
 from fitdqn.memory.trace import (
@@ -50,18 +54,19 @@ from fitdqn.memory.trace import (
     trace_step_memory,
 )
 from fitdqn.nets.groups import MEMORY_GROUPS, parameter_groups
-from fitdqn.ops.kernels import resolve_kernels
-from fitdqn.plan.plan_cache import data_provenance
 from fitdqn.plan.planner import InfeasiblePlan, Plan, make_plan
-from fitdqn.plan.replay_share import ReplayTooSmall, her_component, replay_component, replay_sample_bytes
+from fitdqn.plan.replay_share import ReplayTooSmall, replay_component
 from fitdqn.plan.trace_cache import (
     TraceCache,
     TraceSummary,
     cache_folder,
+    data_provenance,
     key_digest,
     trace_key,
     traced_config_fields,
 )
+from fitdqn.resolve import resolve_device
+from fitdqn.system import System, build_system, stand_in_market
 
 TRACE_BATCHES = (512, 1024)
 # The graph pool's fragmentation is not linear below a few thousand samples (at 512-1024 many per-sample
@@ -69,7 +74,6 @@ TRACE_BATCHES = (512, 1024)
 # flat (~19 MB) and the line would miss ~100 MB at batch 8192; from 4096 on it grows ~14.5 KB/sample and the
 # line through 4096 and 8192 is within a few MB from 1024 to 16384 (see allocator_model's tests).
 GRAPH_POOL_BATCHES = (4096, 8192)
-ADAM_MOMENTS = 2
 
 
 @dataclass(frozen=True)
@@ -81,17 +85,12 @@ class PlanInputs:
 
     @classmethod
     def from_market(cls, market, config: Config) -> PlanInputs:
-        from fitdqn.market.loader import market_bytes
-
         return cls(market.num_bars, market_bytes(market.num_bars))
 
     @classmethod
     def from_config(cls, config: Config) -> PlanInputs:
         """Without loading the data: a synthetic market's size is its configured bar count; a file or a
         built-in dataset is read (on the CPU) to count its bars."""
-        from fitdqn.market.data import bars_from_config
-        from fitdqn.market.loader import market_bytes
-
         cache = TraceCache(cache_folder(config.budget.trace_cache_dir))  # counting a dataset's bars costs seconds
         key = trace_key(what="bars", market=config_to_dict(config)["market"],
                         data=data_provenance(config.market.data))
@@ -104,91 +103,75 @@ class PlanInputs:
         return cls(num_bars, market_bytes(num_bars))
 
 
-STATE_DIM = NUM_FEATURES + NUM_AGENT_FIELDS
-
 
 def trace_config(config: Config, device: DeviceInfo) -> tuple[Config, str]:
-    """The config the trace runs: on a CPU-only PyTorch the fake tensors are CPU ones, so the bf16 autocast a
-    CUDA target would use is asked for explicitly (CPU autocast), and said so. ``net.kernels`` is resolved
-    for the target, so a CUDA target's trace runs the fused IQN operator (its fake kernel) as the GPU will."""
+    """The config the trace runs (``config`` resolved for ``device``) and how it is traced: on a CPU-only PyTorch
+    the fake tensors are CPU ones, and a CUDA target's bf16 runs there under CPU autocast, which is said."""
+    config = resolve_device(config, device)
     target = torch.device("cuda" if device.kind == "cuda" else "cpu")
     traced, note = fake_device_for(target)
-    net = dataclasses.replace(config.net, kernels=resolve_kernels(config.net.kernels, target.type))
-    config = dataclasses.replace(config, net=net)
-    if device.kind == "cuda" and traced.type == "cpu" and config.learn.precision == "auto" and device.bf16:
-        learn = dataclasses.replace(config.learn, precision="bf16")
-        return dataclasses.replace(config, learn=learn), note + "; bf16 by CPU autocast"
+    if device.kind == "cuda" and traced.type == "cpu" and config.learn.precision == "bf16":
+        note += "; bf16 by CPU autocast"
     return config, note
 
 
-def make_train_step(config: Config, num_bars: int, capacity: int):
-    """The captured training step, buildable on any (fake) device: sample -> update -> priorities."""
-    from fitdqn.learn.learner import Learner
-    from fitdqn.replay.buffer import ReplayBuffer
+STAND_IN_GOAL_UNIT = 1.0  # HER's goal scale on the stand-in market: a host number that moves no byte
 
-    num_envs = config.collect.num_envs
-    steps_written = config.learn.n_step + 2
+
+def stand_in_system(config: Config, num_bars: int, capacity: int, batch_size: int,
+                    device: torch.device) -> System:
+    """The trainer's system (``fitdqn.system.build_system``) on a stand-in market of ``num_bars`` zero bars,
+    its replay filled by the collector's own steps until a batch can be sampled (inside the tracer's fake mode:
+    shapes only)."""
+    if config.market.reward_scale <= 0:  # derived from real bars at run time; a host number that moves no byte
+        config = dataclasses.replace(config, market=dataclasses.replace(config.market, reward_scale=1.0))
+    system = build_system(config, stand_in_market(config, num_bars), device, capacity=capacity,
+                          batch_size=batch_size,
+                          epsilon_decay_steps=Schedule.from_config(config, batch_size).epsilon_decay_steps,
+                          goal_unit=STAND_IN_GOAL_UNIT)
+    for _ in range(config.learn.n_step + 1):  # n-step windows complete: the replay can serve a batch
+        system.collect_step()
+    return system
+
+
+def make_train_step(config: Config, num_bars: int, capacity: int):
+    """The trainer's update step (``System.update_step``: sample -> update -> priorities -> stats), buildable
+    on any (fake) device at any batch."""
 
     def make_step(batch_size: int, device: torch.device) -> StepSetup:
-        features = torch.zeros((num_bars, NUM_FEATURES), device=device)  # [T, Fm]
-        window = config.net.window
-        observe = lambda bar, agent: build_observation(features, bar, agent, window)  # noqa: E731
-        replay = ReplayBuffer.from_config(config, transition_spec(), capacity, goal_column=GOAL_COLUMN,
-                                          observe=observe, device=device)
-        replay.goal_reward = lambda before, after, goal: (after - before) * 0  # shapes only
-        rows = {name: torch.zeros(spec.batched(num_envs), dtype=spec.dtype, device=device)
-                for name, spec in transition_spec().items()}
-        rows["bar"] = rows["bar"] + window
-        for _ in range(steps_written):
-            replay.write(rows)
-        learner = Learner(config, STATE_DIM, device)
-        beta = torch.ones((), device=device)
-
-        def step() -> None:
-            batch = replay.sample(batch_size, beta)
-            out = learner.update(batch)
-            replay.update_priorities(batch["index"], out["priorities"])
-
-        groups = {name: list(group.modules) for name, group in parameter_groups(learner).items()}
-        for name, group in parameter_groups(learner.target).items():
-            groups[name] = groups[name] + list(group.modules)
-        return StepSetup(step, groups)
+        system = stand_in_system(config, num_bars, capacity, batch_size, device)
+        return StepSetup(system.update_step, system.memory_groups(), system.memory_calls())
 
     return make_step
 
 
-def make_collect_step(config: Config, num_bars: int):
-    """One collector step at ``num_envs`` envs (the 'batch' argument): act + env step."""
-    from fitdqn.learn.learner import Learner
+def make_collect_step(config: Config, num_bars: int, capacity: int):
+    """The trainer's collector step (``System.collect_step``: observe -> act -> env step -> replay write) at
+    ``collect.num_envs`` envs (the 'batch' argument must be that count)."""
 
-    def make_step(num_envs: int, device: torch.device):
-        learner = Learner(config, STATE_DIM, device)
-        features = torch.zeros((num_bars, NUM_FEATURES), device=device)
-        bar = torch.full((num_envs,), config.net.window, device=device, dtype=torch.int64)
-        agent = torch.zeros((num_envs, NUM_AGENT_FIELDS), device=device)
-        epsilon = torch.zeros((), device=device)
-
-        def step() -> None:
-            obs = build_observation(features, bar, agent, config.net.window)
-            learner.act(obs, epsilon)
-
-        return step
+    def make_step(num_envs: int, device: torch.device) -> StepSetup:
+        if num_envs != config.collect.num_envs:
+            raise ValueError(f"the collector step runs collect.num_envs = {config.collect.num_envs} envs, "
+                             f"not {num_envs}")
+        system = stand_in_system(config, num_bars, capacity, config.budget.min_batch, device)
+        return StepSetup(system.collect_step, system.memory_groups())
 
     return make_step
 
 
 def network_fixed_bytes(config: Config) -> dict[str, int]:
-    """Per group: parameters (+ target copy) + gradients + Adam moments, from the modules on 'meta'."""
-    from fitdqn.nets.iql import ValueNet
-    from fitdqn.nets.qnet import QNetwork
-
-    with torch.device("meta"):
-        modules = [QNetwork(config.net, STATE_DIM), ValueNet(STATE_DIM, config.net.iql_hidden)]
-    fixed = {}
-    for name, group in parameter_groups(modules).items():
-        params = group.parameter_bytes()
-        copies = 1 + int(group.target_copy) + 1 + ADAM_MOMENTS  # online (+ target) + grad + Adam m, v
-        fixed[name] = params * copies
+    """Per group: what the learner holds for good — parameters (+ target copy), gradients and Adam state —
+    counted from the tensors of a real ``Learner`` built on fake tensors (shapes and dtypes, no memory)."""
+    with FakeTensorMode():
+        learner = Learner(config, STATE_DIM, torch.device("cpu"))
+        targets = parameter_groups(learner.target)
+        fixed = {}
+        for name, group in parameter_groups(learner).items():
+            params = list(group.parameters())
+            held = [*params, *targets[name].parameters(), *(p.grad for p in params if p.grad is not None),
+                    *(t for p in params for t in learner.optimizer.state.get(p, {}).values()
+                      if isinstance(t, torch.Tensor))]
+            fixed[name] = sum(tensor_bytes(t.shape, t.dtype) for t in held)
     return fixed
 
 
@@ -223,13 +206,13 @@ class Tracer:
             make_train_step(self.config, self.num_bars, capacity), batch, self.target,
             cuda_shape=self.cuda_shape, record_events=pools), pools))
 
-    def act_peak(self) -> int:
-        """Peak of one collector step at ``collect.num_envs`` envs."""
+    def collect_peak(self, capacity: int) -> int:
+        """Peak of one collector step at ``collect.num_envs`` envs, beyond what is allocated before it."""
         num_envs = self.config.collect.num_envs
-        key = self.key("collect", num_envs)
+        key = self.key("collect", num_envs, capacity=capacity)
         return _summary(self.cache, key, lambda: TraceSummary.of(trace_step_memory(
-            make_collect_step(self.config, self.num_bars), num_envs, self.target, cuda_shape=self.cuda_shape),
-            False)).step_bytes
+            make_collect_step(self.config, self.num_bars, capacity), num_envs, self.target,
+            cuda_shape=self.cuda_shape), False)).step_bytes
 
 
 _SUMMARIES: dict[str, TraceSummary] = {}  # this process's traces by key digest: a plan asks for one several times
@@ -257,9 +240,10 @@ def cuda_graphs_component(config: Config, device: DeviceInfo, tracer: Tracer, ca
     """The update graph's private pool beyond the step's live peak (module docstring), or 0 bytes and why:
     a line through ``GRAPH_POOL_BATCHES``, or with ``anchor`` in proportion to the batch from that one."""
     if device.kind != "cuda":
-        return Component("cuda_graphs", 0, 0, f"{device.kind} device: no CUDA graphs")
+        return Component(ComponentName.CUDA_GRAPHS, 0, 0, f"{device.kind} device: no CUDA graphs")
     if not config.train.cuda_graphs:
-        return Component("cuda_graphs", 0, 0, "train.cuda_graphs is off: the update runs eagerly, no graph pool")
+        return Component(ComponentName.CUDA_GRAPHS, 0, 0,
+                         "train.cuda_graphs is off: the update runs eagerly, no graph pool")
     expandable = expandable_segments_enabled()
     mode = "expandable segments" if expandable else "default allocator, no expandable segments"
     pages = LARGE_BUFFER + SMALL_BUFFER if expandable else 0
@@ -279,7 +263,7 @@ def cuda_graphs_component(config: Config, device: DeviceInfo, tracer: Tracer, ca
             f"pool reserved - step live peak {at}")
     if expandable:
         text += ", + one 20 MiB and one 2 MiB page of mapping granularity"
-    return Component("cuda_graphs", fixed, per_sample, text + (f" ({note})" if note else ""))
+    return Component(ComponentName.CUDA_GRAPHS, fixed, per_sample, text + (f" ({note})" if note else ""))
 
 
 def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anchor: int | None = None,
@@ -295,35 +279,36 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     overhead = device_overhead_components(config, device)  # CUDA's own bytes: not free for the replay's share
     if device.free_bytes is None:
         capacity = max(config.replay.capacity // num_envs, config.learn.n_step) * num_envs
-        replay = Component("replay", 0, replay_sample_bytes(config, spec), "memory unknown: not sized")
+        replay = Component(ComponentName.REPLAY, 0, 0, "memory unknown: not sized")
     else:
         cuda_own = sum(c.fixed_bytes for c in overhead)
         replay, capacity = replay_component(config, spec, max(device.free_bytes - cuda_own, 0), num_envs)
-    her = her_component(config, spec)
 
     traced_config, note = trace_config(config, device)
     tracer = tracer_for(config, device, traced_config, inputs.num_bars)
     graphs = device.kind == "cuda" and config.train.cuda_graphs
-    act_peak = tracer.act_peak()
+    collect_peak = tracer.collect_peak(capacity)
+    groups = (*MEMORY_GROUPS, ComponentName.REPLAY, ComponentName.HER, OTHER)
     if anchor is None:  # lines through two traces, above both
         first, second = (tracer.step(capacity, b, pools=graphs and b in GRAPH_POOL_BATCHES) for b in lines_at)
         lines = {name: line_above((first.batch_size, first.step_by_group.get(name, 0)),
                                   (second.batch_size, second.step_by_group.get(name, 0)))
-                 for name in (*MEMORY_GROUPS, "other")}
+                 for name in groups}
         how = f"traced update at batch {lines_at[0]} and {lines_at[1]}"
     else:  # in proportion to one trace at the anchor: exact there, whichever phase holds the step's peak
         trace = tracer.step(capacity, anchor, pools=graphs)
-        lines = {name: (0, -(-max(trace.step_by_group.get(name, 0), 0) // anchor))
-                 for name in (*MEMORY_GROUPS, "other")}
+        lines = {name: (0, -(-max(trace.step_by_group.get(name, 0), 0) // anchor)) for name in groups}
         how = f"traced update at batch {anchor}, in proportion"
     how += f" ({note})" if note else ""
     network_fixed = network_fixed_bytes(config)
-    components = [replay, her]
+    components = [with_traced_step(replay, lines[ComponentName.REPLAY], f"sampling and priorities: {how}")]
+    her_text = f"future-goal relabelling: {how}" if config.replay.her else "replay.her = false"
+    components.append(with_traced_step(Component(ComponentName.HER, 0, 0, ""), lines[ComponentName.HER], her_text))
     components.append(Component(
-        "collector",
-        inputs.market_bytes + env_state_bytes(num_envs) + act_peak,
+        ComponentName.COLLECTOR,
+        inputs.market_bytes + env_state_bytes(num_envs) + collect_peak,
         0,
-        f"market tensors ({inputs.num_bars} bars) + env state ({num_envs} envs) + traced act step peak",
+        f"market tensors ({inputs.num_bars} bars) + env state ({num_envs} envs) + traced collector step peak",
     ))
     components.extend(overhead)
     for name in MEMORY_GROUPS:
@@ -333,16 +318,21 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
             lines[name][1],
             f"params{' + target' if name != 'iql' else ''} + grads + Adam m,v of the real modules; {how}",
         ))
-    other_fixed, other_per_sample = lines["other"]
-    sampling = replay.per_sample_bytes + her.per_sample_bytes
+    other_fixed, other_per_sample = lines[OTHER]
     components.append(Component(
-        "batch",
+        ComponentName.BATCH,
         other_fixed,
-        max(other_per_sample - sampling, 0),
-        f"sampled batch, observations, losses, optimizer temporaries: {how}, less replay/her scratch",
+        other_per_sample,
+        f"observations, losses, optimizer temporaries: {how}",
     ))
     components.append(cuda_graphs_component(config, device, tracer, capacity, note, anchor))
     return components, capacity
+
+
+def with_traced_step(component: Component, line: tuple[int, int], how: str) -> Component:
+    """``component`` plus its group's share of the traced step (``line``: fixed, per-sample bytes)."""
+    text = "; ".join(part for part in (component.derived_from, how) if part)
+    return Component(component.name, component.fixed_bytes + line[0], line[1], text)
 
 
 def profile_driver_bytes(config: Config, device: DeviceInfo) -> tuple[int, str]:
@@ -360,7 +350,7 @@ def profile_driver_bytes(config: Config, device: DeviceInfo) -> tuple[int, str]:
 def device_overhead_components(config: Config, device: DeviceInfo) -> list[Component]:
     """CUDA's own bytes: ``cuda_overhead`` (workspaces) and ``cuda_driver`` (``profile_driver_bytes``)."""
     if device.kind != "cuda":
-        return [Component("cuda_overhead", 0, 0, "CPU device: none")]
+        return [Component(ComponentName.CUDA_OVERHEAD, 0, 0, "CPU device: none")]
     driver_bytes, source = profile_driver_bytes(config, device)
     components = [cuda_overhead_component(device.compute_capability)]
     if driver_bytes:
@@ -377,16 +367,19 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
     not linear in the batch. So a batch beyond ``GRAPH_POOL_BATCHES`` is planned with the step's components in
     proportion to one trace at that batch: a profile or user batch is checked there; an auto batch is searched
     (``refine_auto_batch``)."""
-    config = for_device(config, device.kind)
+    config = resolve_device(config, device)
     profiles = load_profiles(config.budget.profiles_dir or None)
     profile, profile_note = profile_with_note(profile_name_of(device, profiles), profiles) \
         if device.kind == "cuda" else (match_profile(device.name, profiles), "")
     inputs = inputs or PlanInputs.from_config(config)
     budget = config.budget
-    wanted = budget.batch_size if budget.batch_size > 0 else profile.batch_size if budget.batch_size == -1 else 0
+    choice = batch_choice(budget)
+    wanted = (choice.size if isinstance(choice, FixedBatch) else profile.batch_size if isinstance(choice, ProfileBatch)
+              else 0)
     anchor = wanted if wanted > max(GRAPH_POOL_BATCHES) and device.free_bytes is not None else None
     plan = None
-    if wanted == 0 and device.free_bytes is not None and device.kind == "cuda" and config.train.cuda_graphs:
+    graphed = device.kind == "cuda" and config.train.cuda_graphs
+    if isinstance(choice, AutoBatch) and device.free_bytes is not None and graphed:
         # an auto batch on a graphed GPU: the graph pool's traces (GRAPH_POOL_BATCHES) come first, so lines
         # through them guess the batch; beyond them it is searched by anchored traces (refine_auto_batch) and
         # the traces at TRACE_BATCHES are never needed
@@ -463,7 +456,9 @@ def least_free_bytes(config: Config, device: DeviceInfo, profile, components: li
         trial = dataclasses.replace(device, free_bytes=free, total_bytes=max(device.total_bytes or 0, free))
         try:
             replay, capacity = replay_component(config, spec, max(free - cuda_own, 0), num_envs)
-            sized = [replay if c.name == "replay" else c for c in components]
+            # the replay sized for this free memory, with the step's per-sample share it was traced with
+            sized = [dataclasses.replace(c, fixed_bytes=replay.fixed_bytes) if c.name == ComponentName.REPLAY else c
+                     for c in components]
             make_plan(trial, profile, config.budget, sized, capacity)
         except (InfeasiblePlan, ReplayTooSmall):
             return False

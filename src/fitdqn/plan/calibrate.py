@@ -47,7 +47,7 @@ from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 from fitdqn.memory.attribution import OTHER, GroupOwner
-from fitdqn.memory.component import Component
+from fitdqn.memory.component import Component, ComponentName
 from fitdqn.memory.live_bytes import LiveBytes
 from fitdqn.memory.overhead import cuda_driver_component
 from fitdqn.memory.trace import (
@@ -58,13 +58,13 @@ from fitdqn.memory.trace import (
     per_sample_bytes,
     traced_step,
 )
+from fitdqn.plan.build import make_train_step, trace_config
 from fitdqn.plan.planner import Plan, make_plan
 
 DEFAULT_BATCHES = (64, 256)
 CALIBRATION_STEPS = 64  # lockstep steps of num_envs transitions in the calibration replay
 STEP_COMPONENTS = ("replay", "her", "dqn", "attention", "iqn", "iql", "batch")  # what the step's slope covers
-GROUPS = ("dqn", "attention", "iqn", "iql", OTHER)
-OTHER_COMPONENTS = ("replay", "her", "batch")  # the plan's split of the traced 'other' group
+GROUPS = ("dqn", "attention", "iqn", "iql", "replay", "her", OTHER)  # the trace's groups ('other': the batch)
 
 
 class CalibrationError(UserError):
@@ -147,10 +147,10 @@ def with_driver_bytes(components: list[Component], measured: int, how: str) -> l
 
 
 def group_per_sample(components: list[Component] | tuple[Component, ...]) -> dict[str, int]:
-    """The plan's per-sample bytes per trace group: networks by name, replay + her + batch as 'other'."""
+    """The plan's per-sample bytes per trace group: each group's component by name, 'batch' as 'other'."""
     by_name = {c.name: c.per_sample_bytes for c in components}
     groups = {name: by_name.get(name, 0) for name in GROUPS if name != OTHER}
-    groups[OTHER] = sum(by_name.get(name, 0) for name in OTHER_COMPONENTS)
+    groups[OTHER] = by_name.get(ComponentName.BATCH, 0)
     return groups
 
 
@@ -259,8 +259,6 @@ def require_cuda(device: DeviceInfo, what: str = "--calibrate measures the step"
 def calibrate(config: Config, device: DeviceInfo, num_bars: int,
               batches: tuple[int, int] = DEFAULT_BATCHES) -> Calibration:
     """Measure the real step on ``device`` (a CUDA GPU) at ``batches``; see the module docstring."""
-    from fitdqn.plan.build import make_train_step, trace_config
-
     require_cuda(device)
     config = for_device(config, device.kind)
     b1, b2 = sorted(batches)
@@ -344,8 +342,8 @@ def calibrated_plan(plan: Plan, calibration: Calibration, config: Config) -> Pla
 def comparison_rows(plan: Plan, calibrated: Plan, calibration: Calibration) -> list[dict[str, Any]]:
     """Per group: traced, live bytes on real tensors, allocator-measured, planned before and after (B/sample).
 
-    'other' is the sampled batch, observations, losses and optimizer temporaries (the plan's replay + her +
-    batch components); 'unattributed' is the allocator's slope minus the tracked one (no tensor owns it).
+    'other' is the observations, losses and optimizer temporaries (the plan's batch component); 'unattributed'
+    is the allocator's slope minus the tracked one (no tensor owns it).
     Components outside the step with per-sample bytes (``cuda_graphs``: the graph pool beyond the step's live
     peak) keep their own row: calibration does not measure them and leaves them as planned.
     """
@@ -355,7 +353,7 @@ def comparison_rows(plan: Plan, calibrated: Plan, calibration: Calibration) -> l
     rows = []
     for name in GROUPS:
         rows.append({
-            "group": name if name != OTHER else "other (replay+her+batch)",
+            "group": name if name != OTHER else "other (batch)",
             "traced": calibration.traced_by_group.get(name, 0),
             "live": None if live is None else live.get(name, 0),
             "measured": None,

@@ -25,7 +25,7 @@ from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import load_profiles
 from fitdqn.memory.component import Component
 from fitdqn.plan.planner import Plan
-from fitdqn.plan.trace_cache import TraceCache, cache_folder, trace_key
+from fitdqn.plan.trace_cache import TraceCache, cache_folder, data_provenance, trace_key
 
 PLAN_ENVIRONMENT = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
                     "TORCH_CUBLASLT_WORKSPACE_SIZE")
@@ -36,16 +36,6 @@ def _version(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def data_provenance(data: str) -> dict[str, Any]:
-    """What the bar count of ``market.data`` depends on besides the config: a file's size and modification
-    time, else (a built-in or synthetic dataset) the package that ships the built-in ones."""
-    path = Path(data).expanduser()
-    if path.is_file():
-        stat = path.stat()
-        return {"file": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    return {"name": data, "arch": _version("arch")}
 
 
 def _folder_digest(folder: str) -> str | None:

@@ -15,18 +15,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fitdqn.config import BudgetConfig
+from fitdqn.config import BudgetConfig, FixedBatch, ProfileBatch, batch_choice
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import Profile
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
-from fitdqn.memory.component import Component
+from fitdqn.memory.component import NETWORK_COMPONENTS, Component, ComponentName
 
-ALLOCATION_ORDER = ("replay", "her", "collector", "cuda_overhead", "cuda_driver", "dqn", "attention", "iqn", "iql")
+ALLOCATION_ORDER = (ComponentName.REPLAY, ComponentName.HER, ComponentName.COLLECTOR, ComponentName.CUDA_OVERHEAD,
+                    ComponentName.CUDA_DRIVER, *NETWORK_COMPONENTS)
 
 
 class InfeasiblePlan(UserError):
     """The memory does not hold what the config asks for; the message lists every consumer."""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """What the plan hands the trainer to allocate by, typed (the trainer never looks components up by name)."""
+
+    replay_capacity: int  # transitions the replay is built for
+    batch_size: int  # samples per update
+    update_bytes: int  # every per-sample byte of the step at ``batch_size``: what one update may allocate
+    graph_pool_fixed_bytes: int  # the update graph's private pool beyond its per-sample bytes (pages)
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,17 @@ class Plan:
     replay_capacity: int | None
     max_fitting_batch: int | None  # None when the device memory is unknown
     notes: tuple[str, ...] = field(default=())
+
+    @property
+    def budgets(self) -> Budgets:
+        if self.replay_capacity is None:
+            raise ValueError("this plan sized no replay (its device memory is unknown): nothing to allocate by")
+        return Budgets(
+            replay_capacity=self.replay_capacity,
+            batch_size=self.batch_size,
+            update_bytes=self.per_sample_bytes * self.batch_size,
+            graph_pool_fixed_bytes=sum(c.fixed_bytes for c in self.components if c.name == ComponentName.CUDA_GRAPHS),
+        )
 
     @property
     def fixed_bytes(self) -> int:
@@ -130,9 +152,10 @@ def make_plan(
             )
         max_fitting = remaining // per_sample if per_sample > 0 else budget.max_batch
 
-    if budget.batch_size > 0:
-        batch, source = budget.batch_size, "user"
-    elif budget.batch_size == -1:
+    choice = batch_choice(budget)
+    if isinstance(choice, FixedBatch):
+        batch, source = choice.size, "user"
+    elif isinstance(choice, ProfileBatch):
         batch, source = profile.batch_size, "profile"
     else:
         if max_fitting is None:

@@ -6,16 +6,11 @@ shapes and dtypes, nothing allocated). Per-sample bytes come from the shapes a b
 
 from __future__ import annotations
 
-import torch
-
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
-from fitdqn.memory.component import Component, tensor_bytes
+from fitdqn.memory.component import Component, ComponentName, tensor_bytes
 from fitdqn.replay.buffer import ReplayBuffer
 from fitdqn.replay.spec import TransitionSpec, bytes_per_transition
-
-DEFAULT_FANOUT = 64
-_I64, _F64, _F32, _BOOL, _U8 = torch.int64, torch.float64, torch.float32, torch.bool, torch.uint8
 
 
 class ReplayTooSmall(UserError):
@@ -27,44 +22,18 @@ class ReplayTooSmall(UserError):
         self.needed_bytes = needed_bytes
 
 
-def _rows_bytes(rows: list[tuple[tuple[int, ...], torch.dtype]]) -> int:
-    return sum(tensor_bytes(shape, dtype) for shape, dtype in rows)
-
-
-def meta_buffer(config, spec: TransitionSpec, capacity: int, num_envs: int,
-                fanout: int = DEFAULT_FANOUT) -> ReplayBuffer:
+def meta_buffer(config, spec: TransitionSpec, capacity: int, num_envs: int) -> ReplayBuffer:
     """The buffer the trainer would build, on the 'meta' device (shapes only)."""
-    return ReplayBuffer.from_config(config, spec, capacity, goal_column=0, device="meta", fanout=fanout,
-                                    num_envs=num_envs)
+    return ReplayBuffer.from_config(config, spec, capacity, goal_column=0, device="meta", num_envs=num_envs)
 
 
-def replay_fixed_bytes(config, spec: TransitionSpec, capacity: int, num_envs: int,
-                       fanout: int = DEFAULT_FANOUT) -> int:
+def replay_fixed_bytes(config, spec: TransitionSpec, capacity: int, num_envs: int) -> int:
     """Storage + sum tree + index/scratch buffers of a buffer of ``capacity`` transitions."""
-    buffer = meta_buffer(config, spec, capacity, num_envs, fanout)
+    buffer = meta_buffer(config, spec, capacity, num_envs)
     return sum(tensor_bytes(t.shape, t.dtype) for t in buffer.tensors())
 
 
-def replay_sample_bytes(config, spec: TransitionSpec, fanout: int = DEFAULT_FANOUT) -> int:
-    """Bytes one batch row occupies while sampling: the batch it returns + the peak of the scratch."""
-    n, agent_shape = config.learn.n_step, spec["agent"].shape
-    action_shape = spec["action"].shape
-    batch = _rows_bytes([
-        ((), _I64), (agent_shape, _F32), ((), _I64), (agent_shape, _F32),  # bar, agent, next_bar, next_agent
-        (action_shape, _I64), ((), _F32), ((), _F32), ((), _F32), ((), _I64),  # action ... weight, index
-    ])
-    k = fanout if config.replay.prioritized else 1
-    descent = _rows_bytes([((k,), _F64), ((k,), _F64), ((), _F64), ((), _F64), ((1,), _I64), ((), _I64)])
-    window = _rows_bytes([
-        ((n,), _I64), ((n,), _U8), ((n,), _BOOL), ((n,), _I64), ((n,), _BOOL),  # slots, flags, ended, alive
-        ((n,), _F32), ((n,), _F32), ((n,), _F32), ((n,), _F32),  # reward, achieved, before, goal bonus
-        ((), _I64), ((), _I64), ((), _F32),  # length, last, terminal
-    ])
-    return batch + max(descent, window)
-
-
-def plan_capacity(config, spec: TransitionSpec, free_bytes: int, num_envs: int,
-                  fanout: int = DEFAULT_FANOUT) -> int:
+def plan_capacity(config, spec: TransitionSpec, free_bytes: int, num_envs: int) -> int:
     """min(replay.capacity, what the replay share holds), a multiple of num_envs; refuses if too small."""
     share = int(config.budget.replay_buffer_vram_fraction * free_bytes)
     per_transition = bytes_per_transition(spec)
@@ -73,8 +42,8 @@ def plan_capacity(config, spec: TransitionSpec, free_bytes: int, num_envs: int,
     while low < high:
         mid = (low + high + 1) // 2
         # below n_step steps no buffer can be built; the check after the loop refuses those anyway
-        if mid < config.learn.n_step or replay_fixed_bytes(config, spec, mid * num_envs, num_envs,
-                                                            fanout) <= share:
+        if mid < config.learn.n_step or replay_fixed_bytes(config, spec, mid * num_envs,
+                                                                                    num_envs) <= share:
             low = mid
         else:
             high = mid - 1
@@ -83,7 +52,7 @@ def plan_capacity(config, spec: TransitionSpec, free_bytes: int, num_envs: int,
     fraction = config.budget.replay_buffer_vram_fraction
     if capacity < smallest <= config.replay.capacity and fraction > 0:  # the memory is short, not replay.capacity
         rounded = -(-smallest // num_envs) * num_envs
-        smallest_bytes = replay_fixed_bytes(config, spec, rounded, num_envs, fanout)
+        smallest_bytes = replay_fixed_bytes(config, spec, rounded, num_envs)
         needed = int(smallest_bytes / fraction) + 1  # fraction in (0, 1): config.validate
         raise ReplayTooSmall(
             f"the replay's smallest buffer ({rounded} transitions: max(learn.n_step x collect.num_envs, "
@@ -105,15 +74,15 @@ def plan_capacity(config, spec: TransitionSpec, free_bytes: int, num_envs: int,
     return capacity
 
 
-def replay_component(config, spec: TransitionSpec, free_bytes: int, num_envs: int,
-                     fanout: int = DEFAULT_FANOUT) -> tuple[Component, int]:
-    """The 'replay' component and the capacity it was sized for."""
-    capacity = plan_capacity(config, spec, free_bytes, num_envs, fanout)
-    kind = f"sum tree fanout {fanout} f64" if config.replay.prioritized else "uniform"
+def replay_component(config, spec: TransitionSpec, free_bytes: int, num_envs: int) -> tuple[Component, int]:
+    """The 'replay' component's fixed bytes and the capacity it was sized for (its per-sample bytes are the traced
+    update's sampling, added by ``fitdqn.plan.build``)."""
+    capacity = plan_capacity(config, spec, free_bytes, num_envs)
+    kind = f"sum tree fanout {config.replay.tree_fanout} f64" if config.replay.prioritized else "uniform"
     component = Component(
-        name="replay",
-        fixed_bytes=replay_fixed_bytes(config, spec, capacity, num_envs, fanout),
-        per_sample_bytes=replay_sample_bytes(config, spec, fanout),
+        name=ComponentName.REPLAY,
+        fixed_bytes=replay_fixed_bytes(config, spec, capacity, num_envs),
+        per_sample_bytes=0,  # the step's share: traced (``fitdqn.plan.build.build_components``)
         derived_from=(
             f"{capacity} transitions x {bytes_per_transition(spec)} B ({len(spec)} fields) + {kind}; "
             f"capacity = min(replay.capacity, {config.budget.replay_buffer_vram_fraction:g} x free), "
@@ -121,17 +90,3 @@ def replay_component(config, spec: TransitionSpec, free_bytes: int, num_envs: in
         ),
     )
     return component, capacity
-
-
-def her_component(config, spec: TransitionSpec) -> Component:
-    """HER's per-sample relabelling scratch (nothing fixed): draws, future slot, goal."""
-    if not config.replay.her:
-        return Component("her", 0, 0, "replay.her = false")
-    goal = spec["achieved"].dtype
-    per_sample = _rows_bytes([
-        ((2,), _F64),  # uniform draws (future step, relabel coin)
-        ((), _I64), ((), _I64), ((), _I64), ((), _I64),  # row, steps ahead, episode step, span
-        ((), _I64), ((), _I64), ((), _BOOL),  # offset, future slot, same-episode check
-        ((), goal), ((), goal), ((), _BOOL), ((), goal),  # achieved (future, own), relabel coin, goal
-    ])
-    return Component("her", 0, per_sample, "future-goal draws + slot/goal buffers per sample, from dtypes")

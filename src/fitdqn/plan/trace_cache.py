@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import fitdqn
-from fitdqn.memory.allocator_model import PoolUsage
+from fitdqn.memory.allocator_model import PoolUsage, pool_usage
 
 CACHE_FORMAT = 1
 OFF = "off"
@@ -50,7 +50,6 @@ class TraceSummary:
 
     @classmethod
     def of(cls, trace, with_pools: bool) -> TraceSummary:
-        from fitdqn.memory.allocator_model import pool_usage
 
         pools = {mode: pool_usage(trace, mode == "expandable") for mode in ("expandable", "default")} \
             if with_pools else {}
@@ -163,3 +162,13 @@ class TraceCache:
                 raise
         except OSError:
             pass  # a read-only or full cache directory costs a re-trace next time, nothing else
+
+
+def data_provenance(data: str) -> dict[str, Any]:
+    """What the bar count of ``market.data`` depends on besides the config: a file's size and modification
+    time, else (a built-in or synthetic dataset) the version of fitdqn, which ships them."""
+    path = Path(data).expanduser()
+    if path.is_file():
+        stat = path.stat()
+        return {"file": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {"name": data, "fitdqn": fitdqn.__version__}

@@ -3,7 +3,6 @@
 Everything lives on the training device; write / sample / update_priorities make no host sync.
 """
 
-from fitdqn.plan.replay_share import her_component, plan_capacity, replay_component
 from fitdqn.replay.buffer import REQUIRED_FIELDS, ReplayBuffer
 from fitdqn.replay.spec import FieldSpec, TransitionSpec, bytes_per_transition, check_rows, storage_bytes
 from fitdqn.replay.storage import RingStorage
@@ -18,8 +17,5 @@ __all__ = [
     "TransitionSpec",
     "bytes_per_transition",
     "check_rows",
-    "her_component",
-    "plan_capacity",
-    "replay_component",
     "storage_bytes",
 ]

@@ -35,20 +35,20 @@ class ReplayBuffer:
         capacity: int,
         num_envs: int,
         *,
-        n_step: int = 3,
-        gamma: float = 0.99,
-        episode_length: int = 256,
-        goal_column: int = 0,
+        n_step: int,
+        gamma: float,
+        episode_length: int,
+        goal_column: int,
+        prioritized: bool,
+        alpha: float,
+        priority_eps: float,
+        her: bool,
+        her_k: int,
+        tree_fanout: int,
+        compile: bool,
+        device: torch.device | str,
         goal_reward: GoalReward | None = None,
-        prioritized: bool = True,
-        alpha: float = 0.6,
-        priority_eps: float = 1e-6,
-        her: bool = True,
-        her_k: int = 4,
-        fanout: int = 64,
         observe: Observe | None = None,
-        compile: bool = False,
-        device: torch.device | str = "cpu",
     ):
         missing = [name for name in REQUIRED_FIELDS if name not in spec]
         if missing:
@@ -66,7 +66,7 @@ class ReplayBuffer:
         self.observe = observe
         self.prioritized = bool(prioritized)
         self.sampler: PrioritizedSampler | UniformSampler = (
-            PrioritizedSampler(self.storage, n_step, alpha, priority_eps, fanout) if prioritized
+            PrioritizedSampler(self.storage, n_step, alpha, priority_eps, tree_fanout) if prioritized
             else UniformSampler(self.storage, n_step)
         )
         self.returns = NStepReturns(self.storage, n_step, gamma)
@@ -84,18 +84,18 @@ class ReplayBuffer:
 
     @classmethod
     def from_config(cls, config, spec: TransitionSpec, capacity: int, *, goal_column: int,
-                    goal_reward: GoalReward | None = None, observe: Observe | None = None,
-                    device: torch.device | str = "cpu", fanout: int = 64,
-                    num_envs: int | None = None) -> ReplayBuffer:
-        """Build from a :class:`fitdqn.config.Config` and the planned capacity (see ``replay_component``);
-        ``num_envs`` defaults to ``collect.num_envs``."""
+                    device: torch.device | str, goal_reward: GoalReward | None = None,
+                    observe: Observe | None = None, num_envs: int | None = None) -> ReplayBuffer:
+        """Build from a :class:`fitdqn.config.Config` (``replay.*``, ``learn.n_step``, ``learn.gamma``,
+        ``market.episode_length``, ``collect.num_envs``) and the planned capacity (see ``replay_component``);
+        ``num_envs`` (None: ``collect.num_envs``) is for a buffer of another env count than the config's."""
         r = config.replay
         return cls(
             spec, capacity, config.collect.num_envs if num_envs is None else num_envs,
             n_step=config.learn.n_step, gamma=config.learn.gamma,
             episode_length=config.market.episode_length, goal_column=goal_column, goal_reward=goal_reward,
             prioritized=r.prioritized, alpha=r.alpha, priority_eps=r.priority_eps, her=r.her, her_k=r.her_k,
-            fanout=fanout, observe=observe, compile=r.compile, device=device,
+            tree_fanout=r.tree_fanout, observe=observe, compile=r.compile, device=device,
         )
 
     def tensors(self) -> list[torch.Tensor]:

@@ -66,15 +66,14 @@ class PrioritizedSampler:
     Importance weights ``w = (N * P(i)) ** -beta`` normalised by the batch maximum.
     """
 
-    def __init__(self, storage: RingStorage, n_step: int, alpha: float = 0.6, eps: float = 1e-6,
-                 fanout: int = 64):
+    def __init__(self, storage: RingStorage, n_step: int, alpha: float, priority_eps: float, tree_fanout: int):
         if storage.steps < n_step:
             raise ValueError(f"the ring holds {storage.steps} steps, fewer than n_step {n_step}")
         self.storage = storage
         self.n_step = n_step
         self.alpha = float(alpha)
-        self.eps = float(eps)
-        self.tree = SumTree(storage.capacity, fanout=fanout, device=storage.device)
+        self.eps = float(priority_eps)
+        self.tree = SumTree(storage.capacity, tree_fanout, storage.device)
         self.max_priority = torch.ones((), dtype=torch.float64, device=storage.device)  # leaf space
         self.slot_pair = torch.zeros(2 * storage.num_envs, dtype=torch.int64, device=storage.device)
         self.set_compiled(None)

@@ -15,8 +15,7 @@ from fitdqn.replay.spec import TransitionSpec
 class RingStorage:
     """``capacity`` transitions of the fields in ``spec``; ``steps = capacity // num_envs`` lockstep steps."""
 
-    def __init__(self, spec: TransitionSpec, capacity: int, num_envs: int,
-                 device: torch.device | str = "cpu"):
+    def __init__(self, spec: TransitionSpec, capacity: int, num_envs: int, device: torch.device | str):
         if num_envs < 1 or capacity < num_envs or capacity % num_envs:
             raise ValueError(f"replay capacity {capacity} must be a positive multiple of num_envs {num_envs}")
         self.spec = dict(spec)

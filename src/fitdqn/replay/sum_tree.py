@@ -3,8 +3,8 @@
 Layout: a ``fanout``-ary tree stored level by level, leaves last. Level sizes are padded to a multiple of
 the fanout so every node's children are one contiguous row of ``level.view(-1, fanout)``; padding leaves
 hold 0 and are never sampled. The root is not stored: it is the sum of the top level (at most ``fanout``
-nodes). A wide fanout (64 by default) keeps the depth at 4 for 16M leaves, so a descent is a handful of
-batched kernels per level instead of ~24 levels of a binary tree.
+nodes). A wide fanout (``replay.tree_fanout``, 64 by default) keeps the depth at 4 for 16M leaves, so a descent
+is a handful of batched kernels per level instead of ~24 levels of a binary tree.
 
 Precision: float64. Updates never add deltas: each touched ancestor is recomputed as the sum of its
 children (level by level, a scatter of recomputed sums), so a node always equals the sum of its current
@@ -50,8 +50,7 @@ def sum_tree_bytes(num_leaves: int, fanout: int) -> int:
 class SumTree:
     """Priorities of ``num_leaves`` slots; sample slots with probability proportional to priority."""
 
-    def __init__(self, num_leaves: int, fanout: int = 64, device: torch.device | str = "cpu",
-                 use_triton: bool | None = None):
+    def __init__(self, num_leaves: int, fanout: int, device: torch.device | str, use_triton: bool | None = None):
         self.num_leaves = int(num_leaves)
         self.fanout = int(fanout)
         self.device = torch.device(device)

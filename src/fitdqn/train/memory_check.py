@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 import torch
 
 from fitdqn.device.sizes import format_bytes
+from fitdqn.memory.component import NETWORK_COMPONENTS, ComponentName
 from fitdqn.plan.planner import Plan
 
-PHASE_COMPONENTS = {
-    "replay": ("replay",),
-    "collector": ("collector",),
-    "networks": ("dqn", "attention", "iqn", "iql"),
+PHASE_COMPONENTS = {  # the system's build phases (``fitdqn.system.build_system``) and what the plan budgets them
+    ComponentName.REPLAY: (ComponentName.REPLAY,),
+    ComponentName.COLLECTOR: (ComponentName.COLLECTOR,),
+    "networks": NETWORK_COMPONENTS,
 }
 
 
@@ -57,7 +58,7 @@ class AllocationLedger:
 def peak_memory_row(plan: Plan, reserved_peak: int) -> dict:
     """The allocator's peak *reserved* bytes over the run (tensors, graph pools, cache) against what the plan
     budgets inside the allocator at the chosen batch: everything but ``cuda_driver`` (the driver's own bytes)."""
-    planned = plan.planned_bytes - sum(c.fixed_bytes for c in plan.components if c.name == "cuda_driver")
+    planned = plan.planned_bytes - sum(c.fixed_bytes for c in plan.components if c.name == ComponentName.CUDA_DRIVER)
     return {"phase": f"run peak reserved at batch {plan.batch_size}", "planned_bytes": planned,
             "measured_bytes": reserved_peak, "difference": (reserved_peak - planned) / planned if planned else None}
 

@@ -25,6 +25,7 @@ import torch
 from fitdqn.device.probe import system_memory
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
+from fitdqn.memory.component import ComponentName
 from fitdqn.plan.build import PlanInputs, build_components
 
 REPLAN_ROUNDS = 4  # traced candidates per re-plan (as budget.build.refine_auto_batch)
@@ -113,7 +114,7 @@ def step_need(trainer, batch: int) -> int:
     pages. The replay, collector and networks are allocated already: their fixed bytes are not asked again."""
     inputs = PlanInputs.from_market(trainer.market, trainer.config)
     components, _capacity = build_components(trainer.config, trainer.device_info, inputs, anchor=batch)
-    pages = sum(c.fixed_bytes for c in components if c.name == "cuda_graphs")
+    pages = sum(c.fixed_bytes for c in components if c.name == ComponentName.CUDA_GRAPHS)
     return sum(c.per_sample_bytes for c in components) * batch + pages
 
 

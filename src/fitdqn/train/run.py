@@ -470,6 +470,7 @@ def load_network(run_dir: Path, device, which: str = "best"):
     """(config, learner, state) of a run directory: the best-by-validation network (best.pt), or ``which =
     'last'``: the latest checkpoint's."""
     from fitdqn.learn.learner import Learner
+    from fitdqn.market.env import STATE_DIM
     from fitdqn.market.loader import load_market
 
     config = resume_config(run_dir)
@@ -479,7 +480,7 @@ def load_network(run_dir: Path, device, which: str = "best"):
                         "the latest network with --network last")
     state = load_checkpoint(path, map_location=device)
     market = load_market(config.market, window=config.net.window, device=device)
-    learner = Learner(config, state_dim_of(market), device)
+    learner = Learner(config, STATE_DIM, device)
     try:
         if which == "best":
             learner.online.load_state_dict(state["online"])
@@ -513,9 +514,3 @@ def evaluate_run(run_dir: Path, split: str, device_spec: str = "auto", console: 
     atomic_write_text(run_dir / f"evaluate_{split}_pnl.csv", result.pnl_frame().to_csv(index=False))
     atomic_write_text(run_dir / f"evaluate_{split}.json", json.dumps(results, indent=2))
     return results
-
-
-def state_dim_of(market) -> int:
-    from fitdqn.market.env import NUM_AGENT_FIELDS
-
-    return int(market.features.shape[1]) + NUM_AGENT_FIELDS

@@ -10,7 +10,6 @@ step.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,23 +17,20 @@ from typing import Any
 
 import torch
 
-from fitdqn.collect.collector import Collector
-from fitdqn.config import Config, config_to_dict, dump_config, for_device
+from fitdqn.config import Config, config_to_dict, dump_config
 from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.errors import UserError
-from fitdqn.learn.learner import Learner
 from fitdqn.learn.schedule import Schedule, updates_owed
-from fitdqn.market.env import GOAL_COLUMN, FuturesEnv, RewardScale, resolve_reward
-from fitdqn.market.loader import Market, load_market
-from fitdqn.market.observation import build_observation
+from fitdqn.market.env import env_state_bytes
+from fitdqn.market.loader import Market, load_market, market_bytes
 from fitdqn.plan.build import PlanInputs, plan_for_device
 from fitdqn.plan.planner import Plan
-from fitdqn.replay.buffer import ReplayBuffer
+from fitdqn.resolve import resolve_run
+from fitdqn.system import build_system
 from fitdqn.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
 from fitdqn.train.memory_check import AllocationLedger
 
-STAT_KEYS = ("loss", "c51_loss", "iqn_loss", "iql_loss", "q_mean", "grad_norm")
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
@@ -63,17 +59,15 @@ class Trainer:
         self.log = log
         self.device_info = device_info or probe(config.train.device)
         self.device = self.device_info.torch_device
-        self.config = config = for_device(config, self.device.type)
         torch.manual_seed(config.train.seed)
         if self.device.type == "cpu":
             # Adam moments and Polyak-averaged weights drift into denormals; on x86 CPUs each denormal
             # operand costs ~100 cycles (measured here: 4 s instead of 0.1 s per update at batch 256).
             torch.set_flush_denormal(True)
         self.market = market or load_market(config.market, window=config.net.window, device="cpu")
-        # market.reward_scale = 0: derived from the training split, and kept in the run's config
-        resolved, reward_info = resolve_reward(config, self.market)
-        self.config = config = resolved
-        self.reward_info: RewardScale = reward_info  # printed in the plan table and the report
+        # every 'auto' settled once (the reward scale from the training split): the run's config keeps them
+        config, self.reward_info = resolve_run(config, self.device_info, self.market)  # reward_info: for the report
+        self.config = config
         self.plan: Plan = plan_for_device(config, self.device_info, PlanInputs.from_market(self.market, config))
         self.batch_size = self.plan.batch_size
         self.schedule = Schedule.from_config(config, self.batch_size)
@@ -89,50 +83,28 @@ class Trainer:
 
     # ---------------------------------------------------------------- allocation, in plan order
     def _allocate(self) -> None:
+        """The one assembly (``fitdqn.system.build_system``) on the real device, each part measured."""
         config, device = self.config, self.device
-        self.sample_generator = torch.Generator(device=device)
-        self.sample_generator.manual_seed(config.train.seed + 1)
-        self.act_generator = torch.Generator(device=device)
-        self.act_generator.manual_seed(config.train.seed + 2)
-        with self.ledger.measure("replay"):
-            self.features = None  # set below; replay's observe reads it lazily
-            self.replay = ReplayBuffer.from_config(
-                config, FuturesEnv.transition_spec(), self.plan.replay_capacity, goal_column=GOAL_COLUMN,
-                observe=self._observe, device=device,
-            )
-        with self.ledger.measure("collector"):
-            market = market_to(self.market, device)
-            self.market_on_device = market
-            self.env = FuturesEnv.from_config(config, "train", market=market, device=device)
-            self.features = self.env.features
-            self.replay.goal_reward = self.env.goal_reward
-        with self.ledger.measure("networks"):
-            self.learner = Learner(config, self.env.state_dim, device)
-            self.learner.set_batch_size(self.batch_size)
-        self.collector = Collector(self.env, self.learner, self.replay, config.learn,
-                                   self.schedule.epsilon_decay_steps, self.act_generator)
-        self.beta = torch.full((), beta_at(config, 0), device=device)
+        self.system = system = build_system(
+            config, self.market, device, capacity=self.plan.budgets.replay_capacity, batch_size=self.batch_size,
+            epsilon_decay_steps=self.schedule.epsilon_decay_steps, measure=self.ledger.measure)
+        self.market_on_device = system.market
+        self.replay, self.env = system.replay, system.env
+        self.learner, self.collector = system.learner, system.collector
+        self.features = self.env.features
+        self.sample_generator, self.act_generator = system.sample_generator, system.act_generator
+        self.beta, self.stat_sums = system.beta, system.stat_sums
+        self.beta.fill_(beta_at(config, 0))
         # one side stream for every graph capture: each stream gets its own cuBLAS workspaces
         self.capture_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.stat_sums = {key: torch.zeros((), dtype=torch.float64, device=device) for key in STAT_KEYS}
 
     def persistent_bytes(self) -> dict[str, int]:
-        """What the collector phase allocates for good (its component also budgets the act step's peak)."""
-        from fitdqn.market.env import env_state_bytes
-        from fitdqn.market.loader import market_bytes
-
+        """What the collector phase allocates for good (its component also budgets the collector step's peak)."""
         return {"collector": market_bytes(self.market.num_bars) + env_state_bytes(self.config.collect.num_envs)}
-
-    def _observe(self, bar: torch.Tensor, agent: torch.Tensor) -> torch.Tensor:
-        return build_observation(self.features, bar, agent, self.config.net.window)  # [B, W, S]
 
     # ---------------------------------------------------------------- the update step (capturable)
     def update_step(self) -> None:
-        batch = self.replay.sample(self.batch_size, self.beta, self.sample_generator)
-        out = self.learner.update(batch)
-        self.replay.update_priorities(batch["index"], out["priorities"])
-        for key in STAT_KEYS:
-            self.stat_sums[key].add_(out[key].double())
+        self.system.update_step()
 
     def _capture_update(self) -> None:
         """Capture :meth:`update_step` in a CUDA graph (after warm-up steps, which are real updates)."""
@@ -150,8 +122,7 @@ class Trainer:
         (``device.graphs``: the capped allocator would charge a growth its whole request); else 0."""
         if self.device_info.allocator_limit_bytes is None:
             return 0
-        pages = sum(c.fixed_bytes for c in self.plan.components if c.name == "cuda_graphs")
-        return self.plan.per_sample_bytes * self.batch_size + pages
+        return self.plan.per_sample_bytes * self.batch_size + self.plan.budgets.graph_pool_fixed_bytes
 
     @property
     def graphs_enabled(self) -> bool:
@@ -161,7 +132,7 @@ class Trainer:
         """A new batch (OOM guard): the update graph is rebuilt at the next update."""
         self.batch_size = batch_size
         self.schedule = Schedule.from_config(self.config, batch_size)
-        self.learner.set_batch_size(batch_size)
+        self.system.set_batch_size(batch_size)
         self.update_graph = None
 
     # ---------------------------------------------------------------- one epoch
@@ -277,7 +248,7 @@ class Trainer:
         self.epoch = int(state["epoch"])
         self.updates_done = int(state["updates_done"])
         self.samples_done = int(state["samples_done"])
-        self.learner.set_batch_size(self.batch_size)  # the rules at this run's batch (the loaded lr is the saved one)
+        self.system.set_batch_size(self.batch_size)  # the rules at this run's batch (the loaded lr is the saved one)
         self.history = list(state["history"])
         if state.get("oom_batch_size"):  # the OOM guard's batch outlives the process (never above this plan's)
             self.oom_batch_size = min(int(state["oom_batch_size"]), self.plan.batch_size)
@@ -288,12 +259,6 @@ class Trainer:
 
     def restore(self, run_dir: Path) -> None:
         self.load_state_dict(load_checkpoint(run_dir / CHECKPOINT_NAME, map_location=self.device))
-
-
-def market_to(market: Market, device: torch.device) -> Market:
-    """The same market with its tensors on ``device`` (loaded on the CPU before the plan existed)."""
-    return dataclasses.replace(market, features=market.features.to(device), prices=market.prices.to(device),
-                               atr=market.atr.to(device))
 
 
 def write_run_config(run_dir: Path, config: Config) -> None:

@@ -1,0 +1,39 @@
+"""One resolve step: every 'auto' of a config settled once, for one device (and the data, where it matters).
+
+The plan, the trainer, the checkpoint and the run's ``config.toml`` all see the resolved form: no part of the
+library decodes an 'auto' of its own. What depends on the device kind alone (``collect.num_envs``,
+``collect.steps_per_epoch``, ``net.size``) is ``fitdqn.config.for_device``'s table; the kernels and the
+precision depend on the device itself; the reward scale on the training split's bars. The batch is the plan's
+to choose (it needs the memory): ``fitdqn.config.batch_choice`` is the one reading of ``budget.batch_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fitdqn.config import Config, for_device
+from fitdqn.device.probe import DeviceInfo
+from fitdqn.market.env import RewardScale, resolve_reward
+from fitdqn.market.loader import Market
+from fitdqn.ops.kernels import resolve_kernels
+
+
+def resolved_precision(precision: str, device: DeviceInfo) -> str:
+    """``learn.precision`` on ``device``: 'auto' is bf16 on a CUDA device with native bf16, else fp32."""
+    if precision != "auto":
+        return precision
+    return "bf16" if device.kind == "cuda" and device.bf16 else "fp32"
+
+
+def resolve_device(config: Config, device: DeviceInfo) -> Config:
+    """``config`` with every device-dependent 'auto' settled for ``device``; idempotent."""
+    config = for_device(config, device.kind)
+    net = dataclasses.replace(config.net, kernels=resolve_kernels(config.net.kernels, device.kind))
+    learn = dataclasses.replace(config.learn, precision=resolved_precision(config.learn.precision, device))
+    return dataclasses.replace(config, net=net, learn=learn)
+
+
+def resolve_run(config: Config, device: DeviceInfo, market: Market) -> tuple[Config, RewardScale]:
+    """The run's config, resolved for ``device`` and ``market`` (the reward scale derived from the training
+    split when ``market.reward_scale`` is 0), and what that scale does to the split's returns."""
+    return resolve_reward(resolve_device(config, device), market)

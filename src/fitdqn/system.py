@@ -1,0 +1,152 @@
+"""The training system, assembled once: market tensors, env, replay, learner, collector and their two steps.
+
+:func:`build_system` is the one place the parts are built and wired. The trainer calls it on the real device,
+under its allocation ledger (each part measured in plan order); the planner (:mod:`fitdqn.plan.build`) calls it
+inside the memory tracer's fake mode and traces the very :meth:`System.update_step` and
+:meth:`System.collect_step` the trainer captures in CUDA graphs. Nothing here knows which of the two it serves.
+
+Allocation order (SPEC, "the rules of the budget"): replay, collector (market tensors + env state), networks
+with their optimizers; the batch was chosen before (the plan) and is an argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from fitdqn.collect.collector import Collector
+from fitdqn.config import Config
+from fitdqn.learn.learner import Learner
+from fitdqn.market.contract import ContractSpec
+from fitdqn.market.data import split_bars
+from fitdqn.market.env import GOAL_COLUMN, FuturesEnv, transition_spec
+from fitdqn.market.features import WARMUP
+from fitdqn.market.loader import Market, market_tensor_shapes
+from fitdqn.market.observation import build_observation
+from fitdqn.memory.component import ComponentName
+from fitdqn.nets.groups import parameter_groups
+from fitdqn.replay.buffer import ReplayBuffer
+
+STAT_KEYS = ("loss", "c51_loss", "iqn_loss", "iql_loss", "q_mean", "grad_norm")  # summed over an epoch's updates
+SAMPLE_SEED_OFFSET = 1  # train.seed + 1: the replay's sampling generator
+ACT_SEED_OFFSET = 2  # train.seed + 2: the collector's exploration generator
+
+Measure = Callable[[str], AbstractContextManager[None]]  # phase name -> a context that measures its allocations
+
+
+@contextlib.contextmanager
+def _unmeasured(_phase: str) -> Iterator[None]:
+    yield
+
+
+@dataclass
+class System:
+    """Everything one run allocates on its device, and the two steps that run on it (each capturable: no host
+    sync, no Python branch on a tensor value)."""
+
+    config: Config
+    market: Market  # its tensors on the device
+    env: FuturesEnv
+    replay: ReplayBuffer
+    learner: Learner
+    collector: Collector
+    sample_generator: torch.Generator
+    act_generator: torch.Generator
+    beta: Tensor  # 0-dim: the importance-weight exponent, set between epochs
+    stat_sums: dict[str, Tensor]  # 0-dim float64 each (STAT_KEYS)
+    batch_size: int
+
+    def update_step(self) -> None:
+        """sample -> build observations -> update -> new priorities; the losses summed into ``stat_sums``."""
+        batch = self.replay.sample(self.batch_size, self.beta, self.sample_generator)
+        out = self.learner.update(batch)
+        self.replay.update_priorities(batch["index"], out["priorities"])
+        for key in STAT_KEYS:
+            self.stat_sums[key].add_(out[key].double())
+
+    def collect_step(self) -> None:
+        """One env step of every env: observe -> act -> env step -> one replay row per env."""
+        self.collector.step()
+
+    def set_batch_size(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.learner.set_batch_size(batch_size)
+
+    def memory_calls(self) -> dict[str, list[tuple[object, str]]]:
+        """The replay's own work in the update step, for the tracer's attribution: drawing and gathering a
+        batch (HER's relabelling inside it apart) and writing new priorities; building observations is not."""
+        calls = {ComponentName.REPLAY: [(self.replay, "batch_from_uniforms"), (self.replay, "update_priorities")]}
+        if self.replay.her is not None:
+            calls[ComponentName.HER] = [(self.replay, "her")]
+        return calls
+
+    def memory_groups(self) -> dict[str, list[torch.nn.Module]]:
+        """The modules of each memory group (online and target networks), for the tracer's attribution."""
+        groups = {name: list(group.modules) for name, group in parameter_groups(self.learner).items()}
+        for name, group in parameter_groups(self.learner.target).items():
+            groups[name] = groups[name] + list(group.modules)
+        return groups
+
+
+def build_system(config: Config, market: Market, device: torch.device, *, capacity: int, batch_size: int,
+                 epsilon_decay_steps: int, goal_unit: float | None = None, measure: Measure = _unmeasured) -> System:
+    """The system of a resolved ``config`` on ``device``, built in plan order, each part under ``measure``.
+
+    ``market``: bars and tensors (moved to ``device`` here if they are elsewhere); ``capacity``: the planned
+    replay capacity; ``goal_unit``: HER's goal scale when it is known without reading the market's tensors
+    (a stand-in market on fake tensors), else derived from the market's training split."""
+    sample_generator = torch.Generator(device=device)
+    sample_generator.manual_seed(config.train.seed + SAMPLE_SEED_OFFSET)
+    act_generator = torch.Generator(device=device)
+    act_generator.manual_seed(config.train.seed + ACT_SEED_OFFSET)
+    window = config.net.window
+    features: list[Tensor] = []  # the env's features, once built: the replay observes through them
+
+    def observe(bar: Tensor, agent: Tensor) -> Tensor:
+        return build_observation(features[0], bar, agent, window)  # [B, W, S]
+
+    with measure(ComponentName.REPLAY):
+        replay = ReplayBuffer.from_config(config, transition_spec(), capacity, goal_column=GOAL_COLUMN,
+                                          observe=observe, device=device)
+    with measure(ComponentName.COLLECTOR):
+        market = market_on(market, device)
+        env = FuturesEnv.from_config(config, "train", market=market, device=device, goal_unit=goal_unit)
+        features.append(env.features)
+        replay.goal_reward = env.goal_reward
+    with measure("networks"):
+        learner = Learner(config, env.state_dim, device)
+        learner.set_batch_size(batch_size)
+    collector = Collector(env, learner, replay, config.learn, epsilon_decay_steps, act_generator)
+    beta = torch.full((), config.replay.beta_start, device=device)
+    stat_sums = {key: torch.zeros((), dtype=torch.float64, device=device) for key in STAT_KEYS}
+    return System(config, market, env, replay, learner, collector, sample_generator, act_generator, beta,
+                  stat_sums, batch_size)
+
+
+def market_on(market: Market, device: torch.device) -> Market:
+    """The same market with its tensors on ``device`` (loaded on the CPU before the plan existed)."""
+    if market.features.device == torch.device(device):
+        return market
+    return dataclasses.replace(market, features=market.features.to(device), prices=market.prices.to(device),
+                               atr=market.atr.to(device))
+
+
+STAND_IN_CONTRACT = ContractSpec("stand-in", multiplier=1.0, tick_size=1.0, commission=0.0, slippage_ticks=0.0)
+
+
+def stand_in_market(config: Config, num_bars: int) -> Market:
+    """A market of ``num_bars`` zero bars with the config's splits, made on the current default device: what
+    the planner builds the system on inside the tracer's fake mode (only shapes and dtypes count there)."""
+    tensors = {name: torch.zeros(shape, dtype=dtype) for name, (shape, dtype) in market_tensor_shapes(num_bars).items()}
+    tensors["prices"] = tensors["prices"] + 1.0  # positive prices (stand-in values; nothing reads them)
+    m = config.market
+    return Market(name="stand-in", bars=pd.DataFrame(), contract=STAND_IN_CONTRACT,
+                  splits=split_bars(num_bars, m.train_fraction, m.validation_fraction), warmup=WARMUP,
+                  volume_features=True, **tensors)
