@@ -8,7 +8,7 @@ In one process on one device, at each batch size (default 1024, 8192, 16384), on
 shapes (``fitdqn.learn.random_batch``: obs ``[B, W, S]``, W = 8, S = ``--state-dim``):
 
 - ``fitdqn``: ``fitdqn.learn.Learner.update`` (the default CUDA networks: fused Triton operators, bf16 autocast)
-  captured by ``fitdqn.learn.capture_update``, the graph the trainer replays (without the replay's sampling);
+  captured by ``fitdqn.device.graphs.capture_graph``, the graph the trainer replays (without the replay's sampling);
   ``fitdqn-eager`` is the same update run eagerly;
 - the plain implementation (:class:`PlainLearner`, written as a user would from the papers, the same widths):
   per-token MLP over the window, last-token attention through ``F.scaled_dot_product_attention``, branching
@@ -57,7 +57,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fitdqn.config import Config, LearnConfig, NetConfig, config_to_dict, with_overrides
-from fitdqn.learn import Learner, capture_update, random_batch
+from fitdqn.device.graphs import capture_graph
+from fitdqn.learn import Learner, random_batch
 
 PLAIN_MODES = ("eager", "graph", "compile", "max-autotune")
 FITDQN_MODES = ("fitdqn", "fitdqn-eager")
@@ -336,12 +337,12 @@ def bench_fitdqn(config: Config, args, device: torch.device, batch_size: int, mo
         row["first_call_s"] = first
         row["outputs_finite"] = bool(all(torch.isfinite(v).all() for v in learner.update(batch).values()))
         return row
-    holder = {}
-    row["peak_bytes"] = peak_bytes(lambda: holder.setdefault("graph", capture_update(learner, batch, warmup=3)),
-                                   device)
-    graphed = holder["graph"]
-    row["ms"] = median_ms(graphed.replay, device, args.iters, args.warmup)
-    row["outputs_finite"] = bool(all(torch.isfinite(v).all() for v in graphed.static_outputs.values()))
+    holder = {}  # the update over a static batch, captured as the trainer captures its step
+    row["peak_bytes"] = peak_bytes(
+        lambda: holder.setdefault("graph", capture_graph(lambda: learner.update(batch), device, warmup=3)), device)
+    graph, static_outputs = holder["graph"]
+    row["ms"] = median_ms(graph.replay, device, args.iters, args.warmup)
+    row["outputs_finite"] = bool(all(torch.isfinite(v).all() for v in static_outputs.values()))
     return row
 
 

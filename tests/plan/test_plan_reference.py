@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fitdqn.cli import main
-from fitdqn.nets.kernels import resolve_kernels
+from fitdqn.ops.kernels import resolve_kernels
 
 REFERENCE = json.loads((Path(__file__).parent / "plan_reference.json").read_text())
 WHAT_IFS = {"rtx3050_1.7GiB": ["--gpu", "rtx3050", "--free-memory", "1.7GiB"], "h200": ["--gpu", "h200"]}

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-import fitdqn.learn.quantile_huber_op  # noqa: F401  (registers fitdqn::quantile_huber)
-from fitdqn.learn.losses import _quantile_huber_sorted, quantile_huber_loss
+from fitdqn.learn.losses import quantile_huber_loss
+from fitdqn.ops.quantile_huber import quantile_huber_sorted
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 SHAPES = [(5, 64, 64, 3, 1.0), (3, 32, 64, 3, 0.5), (4, 7, 9, 2, 2.0), (2, 8, 8, 1, 1.0)]
@@ -32,8 +32,8 @@ def test_triton_kernel_in_the_interpreter_matches_the_closed_form():
     pytest.importorskip("triton")
     script = textwrap.dedent(f"""
         import torch
-        from fitdqn.learn.losses import _quantile_huber_sorted
-        from fitdqn.learn.quantile_huber_triton import fused_quantile_huber
+        from fitdqn.ops.quantile_huber import quantile_huber_sorted
+        from fitdqn.ops.quantile_huber_triton import fused_quantile_huber
         worst = 0.0
         for batch, n, m, columns, kappa in {SHAPES!r}:
             g = torch.Generator().manual_seed(batch)
@@ -42,7 +42,7 @@ def test_triton_kernel_in_the_interpreter_matches_the_closed_form():
             target[:, :2] = pred[:, :2]
             taus = torch.rand(batch, n, generator=g)
             loss, grad = fused_quantile_huber(pred, target, taus, kappa)
-            ref_loss, ref_grad = _quantile_huber_sorted(pred, target, taus, kappa)
+            ref_loss, ref_grad = quantile_huber_sorted(pred, target, taus, kappa)
             assert loss.shape == ref_loss.shape and grad.shape == ref_grad.shape
             worst = max(worst, ((loss - ref_loss).abs() / (1 + ref_loss.abs())).max().item(),
                         (grad - ref_grad).abs().max().item())
@@ -80,6 +80,6 @@ def test_fake_kernel_allocates_only_the_loss_and_the_gradient():
 def test_triton_kernel_on_cuda_matches_the_closed_form(batch, n, m, columns, kappa):
     pred, target, taus = inputs(batch, n, m, columns, device="cuda")
     loss, grad = torch.ops.fitdqn.quantile_huber(pred, target, taus, kappa)
-    ref_loss, ref_grad = _quantile_huber_sorted(pred, target, taus, kappa)
+    ref_loss, ref_grad = quantile_huber_sorted(pred, target, taus, kappa)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-6)

@@ -9,11 +9,11 @@ import pytest
 import torch
 from projection_interpreter import CASES, inputs, reference
 from torch._subclasses.fake_tensor import FakeTensorMode
+from triton_interpreter import run_under_interpreter
 
 from fitdqn.learn.losses import categorical_projection
-from fitdqn.learn.projection_op import project_positions
+from fitdqn.ops.projection import project_positions
 
-NETS_TESTS = Path(__file__).resolve().parents[1] / "nets"  # triton_interpreter.py
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -21,9 +21,6 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(NETS_TESTS)
-        from triton_interpreter import run_under_interpreter
     return run_under_interpreter(Path(__file__).with_name("projection_interpreter.py"))
 
 
@@ -111,7 +108,7 @@ def test_triton_kernel_runs_in_a_cuda_graph():
     expected = categorical_projection(probs, rewards, discounts, support, fused=True)  # also compiles the kernel
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up on a side stream, as capture_update does
+    with torch.cuda.stream(stream):  # warm up on a side stream, as capture_graph does
         categorical_projection(probs, rewards, discounts, support, fused=True)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()

@@ -24,13 +24,12 @@ psi is loaded once per sample and d slice and repeated over the sample's rows in
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
-from fitdqn.nets.iqn_op import tile_geometry
+from fitdqn.ops.iqn import tile_geometry
+from fitdqn.ops.kernels import on_device
 
 # Launch shapes, timed on an H200 (Triton 3.6, bf16, B = 8192, N = 64, d = 256; benchmarks/tune_kernels.py,
 # BENCHMARKS.md): forward 0.165 ms at 64-column slices, 4 warps, 2 stages (3 stages 0.183, 128 columns 0.194,
@@ -55,7 +54,7 @@ def fused_quantiles(features: torch.Tensor, taus: torch.Tensor, frequencies: tor
     if out.numel() == 0:
         return out
     geometry = tile_geometry(batch, quantiles)
-    with _on_device(features):
+    with on_device(features):
         _forward_kernel[(geometry.tiles, geometry.quantile_blocks)](
             features, features.stride(0), features.stride(1), taus, taus.stride(0), taus.stride(1), frequencies,
             embed_w.contiguous(), embed_b, out_w.contiguous(), out_b, out,
@@ -71,7 +70,7 @@ def fused_quantile_grads(grad_out: torch.Tensor, features: torch.Tensor, taus: t
                          out_w: torch.Tensor, dtype: torch.dtype
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``grad_out [B, N, O]`` -> grad features ``[B, d]`` and partial sums ``[P, d, E]``, ``[P, O, d]``,
-    ``[P, O]`` of the gradients of embed_w, out_w and out_b, all fp32 (``fitdqn.nets.iqn_op``)."""
+    ``[P, O]`` of the gradients of embed_w, out_w and out_b, all fp32 (``fitdqn.ops.iqn``)."""
     batch, quantiles = taus.shape
     (d_model, embedding), outputs = embed_w.shape, out_w.shape[0]
     geometry = tile_geometry(batch, quantiles)
@@ -82,7 +81,7 @@ def fused_quantile_grads(grad_out: torch.Tensor, features: torch.Tensor, taus: t
         empty(programs, outputs)  # [P, d, E], [P, O, d], [P, O]
     if programs == 0 or quantiles == 0:  # no rows: zero gradients, nothing to launch
         return grad_x.zero_(), w1_parts.zero_(), w2_parts.zero_(), b2_parts.zero_()
-    with _on_device(features):
+    with on_device(features):
         _backward_kernel[(programs, triton.cdiv(d_model, BACKWARD_BLOCK_D))](
             grad_out, grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
             features, features.stride(0), features.stride(1), taus, taus.stride(0), taus.stride(1), frequencies,
@@ -99,11 +98,6 @@ def _blocks(geometry, embedding: int, outputs: int, dtype: torch.dtype) -> dict:
     return dict(SAMPLES=geometry.samples, BLOCK_N=geometry.block_quantiles,
                 BLOCK_E=max(16, triton.next_power_of_2(embedding)),
                 BLOCK_O=max(16, triton.next_power_of_2(outputs)), COMPUTE=_TRITON_DTYPES[dtype], PRECISION=PRECISION)
-
-
-def _on_device(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
-    """Launch on the tensor's GPU (CPU tensors: the Triton interpreter, no device context)."""
-    return torch.cuda.device(tensor.device) if tensor.device.type == "cuda" else contextlib.nullcontext()
 
 
 @triton.jit

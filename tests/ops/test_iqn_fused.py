@@ -15,12 +15,13 @@ from triton_interpreter import run_under_interpreter
 
 from fitdqn.config import Config, ConfigError, with_overrides
 from fitdqn.device import what_if
+from fitdqn.errors import UserError
 from fitdqn.learn import Learner
 from fitdqn.memory.trace import measure_step_memory, trace_step_memory
-from fitdqn.nets import kernels
 from fitdqn.nets.iqn import IQNHead
-from fitdqn.nets.iqn_op import tile_geometry
-from fitdqn.nets.kernels import resolve_kernels
+from fitdqn.ops import kernels
+from fitdqn.ops.iqn import tile_geometry
+from fitdqn.ops.kernels import resolve_kernels
 from fitdqn.plan.build import trace_config
 
 D_MODEL, EMBEDDING, OUTPUTS = 256, 64, 15
@@ -110,7 +111,7 @@ def test_resolve_kernels(monkeypatch):
         for device_type in ("cuda", "cpu"):
             assert resolve_kernels("triton", device_type) == "triton"
             assert resolve_kernels("torch", device_type) == "torch"
-    with pytest.raises(ConfigError, match="net.kernels"):
+    with pytest.raises(UserError, match="net.kernels"):
         resolve_kernels("fast", "cuda")
 
 

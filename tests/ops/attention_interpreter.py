@@ -44,10 +44,10 @@ MODULE_RESULTS = ("out", "grad_tokens", "grad_query_w", "grad_query_b", "grad_ke
 
 
 def use_triton_on_cpu() -> None:
-    from fitdqn.nets import attention_op, attention_triton
+    from fitdqn.ops import attention, attention_triton
 
-    attention_op.last_token_attention.register_kernel("cpu", attention_triton.fused_attention)
-    attention_op.last_token_attention_backward.register_kernel("cpu", attention_triton.fused_attention_grads)
+    attention.last_token_attention.register_kernel("cpu", attention_triton.fused_attention)
+    attention.last_token_attention_backward.register_kernel("cpu", attention_triton.fused_attention_grads)
 
 
 def error(value: torch.Tensor, reference: torch.Tensor) -> float:
@@ -67,7 +67,7 @@ def inputs(batch, window, d_model, dtype, strided):
 
 
 def run_case(name, batch, window, d_model, heads, dtype_name, strided):
-    from fitdqn.nets.attention_op import attention_core, last_token_attention
+    from fitdqn.ops.attention import attention_core, last_token_attention
 
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
@@ -107,7 +107,7 @@ def run_module_case(name, batch, window, d_model, heads, dtype_name):
 
 
 def main() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.nets.attention_triton" in sys.modules:
+    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.ops.attention_triton" in sys.modules:
         raise SystemExit("run with TRITON_INTERPRET=1 in a fresh process")
     from iqn_interpreter import patch_interpreter_bf16  # next to this script
 

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fitdqn.nets.iqn_triton import _on_device
+from fitdqn.ops.kernels import on_device
 
 # Launch shapes, not tuned: at these an H200 took 37 us a forward call and about 40 us a backward at B = 8192 (bf16;
 # torch.profiler of the eager update, BENCHMARKS.md), next to 1.3 ms for the IQN backward. From the sm_90 compile of
@@ -48,7 +48,7 @@ LOG2E = 1.4426950408889634
 
 
 def fused_attention(q: torch.Tensor, kv: torch.Tensor, heads: int) -> torch.Tensor:
-    """``q [B, d]``, ``kv [B, W, 2 d]`` -> ``[B, d]`` in kv's dtype (``fitdqn.nets.attention_op``)."""
+    """``q [B, d]``, ``kv [B, W, 2 d]`` -> ``[B, d]`` in kv's dtype (``fitdqn.ops.attention``)."""
     batch, window, _ = kv.shape
     d_model = q.shape[1]
     out = torch.empty(batch, d_model, device=kv.device, dtype=kv.dtype)  # [B, d]
@@ -57,7 +57,7 @@ def fused_attention(q: torch.Tensor, kv: torch.Tensor, heads: int) -> torch.Tens
     if window == 0:  # a sum over no tokens
         return out.zero_()
     blocks = _blocks(d_model, heads, window, FORWARD_BLOCK_B, backward=False)
-    with _on_device(kv):
+    with on_device(kv):
         _forward_kernel[(triton.cdiv(batch, blocks["BLOCK_B"]),)](
             q, q.stride(0), q.stride(1), kv, kv.stride(0), kv.stride(1), kv.stride(2), out,
             batch, window, LOG2E / math.sqrt(d_model // heads),
@@ -79,7 +79,7 @@ def fused_attention_grads(grad_out: torch.Tensor, q: torch.Tensor, kv: torch.Ten
         return grad_q.zero_(), grad_kv
     blocks = _blocks(d_model, heads, window, BACKWARD_BLOCK_B, backward=True)
     scale = 1.0 / math.sqrt(d_model // heads)
-    with _on_device(kv):
+    with on_device(kv):
         _backward_kernel[(triton.cdiv(batch, blocks["BLOCK_B"]),)](
             grad_out, grad_out.stride(0), grad_out.stride(1), q, q.stride(0), q.stride(1),
             kv, kv.stride(0), kv.stride(1), kv.stride(2), grad_q, grad_kv,

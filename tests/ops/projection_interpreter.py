@@ -2,12 +2,13 @@
 ``test_projection_fused.py`` (``python projection_interpreter.py`` with ``TRITON_INTERPRET=1``), prints one JSON
 line.
 
-Why a separate process: as for ``tests/nets/iqn_interpreter.py``, Triton reads ``TRITON_INTERPRET`` when a kernel
+Why a separate process: as for ``iqn_interpreter.py``, Triton reads ``TRITON_INTERPRET`` when a kernel
 is *defined*, and the setting holds for the whole process.
 
 In this process the Triton launcher is registered as the *CPU* kernel of ``fitdqn::categorical_projection``, so
 ``categorical_projection(..., fused=True)`` runs positions, operator and kernel end to end on CPU tensors.
-Errors are ``max |result - reference|`` (probabilities): against the per-atom loop of ``test_learn_losses.py``
+Errors are ``max |result - reference|`` (probabilities): against the per-atom loop of
+``tests/support/projection_reference.py``
 and against the dense torch path (``fused=False``); ``mass`` is ``max |sum_i out_i - 1|``.
 """
 
@@ -16,8 +17,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
 
 # (name, batch, branches (0: probs [B, A]), atoms, v_max (support [-v_max, v_max]), per-branch rewards)
 CASES = [
@@ -46,8 +50,8 @@ def inputs(batch, branches, atoms, v_max, branch_rewards):
 
 
 def reference(probs, rewards, discounts, support):
-    """The per-atom loop of ``test_learn_losses.py``, branch by branch where the rewards are per branch."""
-    from test_learn_losses import project_loop  # next to this script
+    """The per-atom loop of ``support.projection_reference``, branch by branch where the rewards are per branch."""
+    from support.projection_reference import project_loop
 
     if not probs.numel():
         return probs.double()
@@ -73,13 +77,13 @@ def run_case(name, *case):
 
 
 def use_triton_on_cpu() -> None:
-    from fitdqn.learn import projection_op, projection_triton
+    from fitdqn.ops import projection, projection_triton
 
-    projection_op.project_positions.register_kernel("cpu", projection_triton.fused_projection)
+    projection.project_positions.register_kernel("cpu", projection_triton.fused_projection)
 
 
 def main() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.learn.projection_triton" in sys.modules:
+    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.ops.projection_triton" in sys.modules:
         raise SystemExit("run with TRITON_INTERPRET=1 in a fresh process")
     use_triton_on_cpu()
     print(json.dumps({case[0]: run_case(*case) for case in CASES}))

@@ -1,6 +1,6 @@
 """Triton kernel of C51's projection (``fitdqn::categorical_projection`` on CUDA): the dense hat, in registers.
 
-The torch form of :func:`fitdqn.learn.losses._project_dense` writes an ``A x A`` fp32 hat per sample to memory
+The torch form of :func:`fitdqn.ops.projection.project_dense` writes an ``A x A`` fp32 hat per sample to memory
 (85 MB at batch 8192 and 51 atoms), passes over it four times to build it and once more in a batched
 matrix-vector product that uses a fraction of the GPU. Here one program owns one distribution: it loads the A
 probabilities and the A landing positions, forms the ``[A (i), A (j)]`` hat in registers (64 x 64 = 4096
@@ -16,11 +16,11 @@ padding masked (zero probability). Grid ``[R]``, ``WARPS`` warps per program (no
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
+
+from fitdqn.ops.kernels import on_device
 
 WARPS = 2
 
@@ -31,7 +31,7 @@ def fused_projection(probs: torch.Tensor, positions: torch.Tensor) -> torch.Tens
     probs, positions = probs.contiguous(), positions.contiguous()
     out = torch.empty(probs.shape, device=probs.device, dtype=torch.float32)
     if rows and atoms:
-        with torch.cuda.device(probs.device) if probs.device.type == "cuda" else contextlib.nullcontext():
+        with on_device(probs):
             _projection_kernel[(rows,)](probs, positions, out, atoms, BLOCK=_block(atoms), num_warps=WARPS)
     return out
 

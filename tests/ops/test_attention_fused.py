@@ -16,7 +16,7 @@ from triton_interpreter import run_under_interpreter
 from fitdqn.memory.cuda_autocast import CudaAutocastOnCpu
 from fitdqn.memory.trace import measure_step_memory, trace_step_memory
 from fitdqn.nets.attention import LastTokenAttention
-from fitdqn.nets.attention_op import attention_core, last_token_attention
+from fitdqn.ops.attention import attention_core, last_token_attention
 
 D_MODEL, HEADS, WINDOW = 256, 4, 8
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -170,7 +170,7 @@ def test_fused_block_saves_and_allocates_less_than_the_elementwise_one():
 # ------------------------------------------------------------------------------ the Triton launch geometry
 
 def test_launch_geometry():
-    triton_kernels = pytest.importorskip("fitdqn.nets.attention_triton")
+    triton_kernels = pytest.importorskip("fitdqn.ops.attention_triton")
     blocks = triton_kernels._blocks
     assert blocks(256, 4, 8, 8, backward=False) == dict(HEADS=4, HEAD_DIM=64, BLOCK_B=8, BLOCK_H=4, BLOCK_DH=64,
                                                          PADDED=False)
@@ -185,7 +185,7 @@ def test_launch_geometry():
 
 @pytest.mark.parametrize("batch, window", [(0, 8), (3, 0), (0, 0)])
 def test_triton_launchers_handle_empty_inputs_without_launching(batch, window):
-    triton_kernels = pytest.importorskip("fitdqn.nets.attention_triton")
+    triton_kernels = pytest.importorskip("fitdqn.ops.attention_triton")
     q, kv, grad_out = torch.randn(batch, 16), torch.randn(batch, window, 32), torch.randn(batch, 16)
     out = triton_kernels.fused_attention(q, kv, 4)
     grad_q, grad_kv = triton_kernels.fused_attention_grads(grad_out, q, kv, 4)

@@ -1,6 +1,6 @@
 """Triton kernel of the quantile Huber loss (``fitdqn::quantile_huber`` on CUDA): the pairwise form, in registers.
 
-The closed form of :func:`fitdqn.learn.losses._quantile_huber_sorted` avoids the pairwise ``[B, N, N', C]``
+The closed form of :func:`fitdqn.ops.quantile_huber.quantile_huber_sorted` avoids the pairwise ``[B, N, N', C]``
 tensors in memory at the price of a sort, prefix sums, three binary searches and about forty float64 passes over
 ``[B, C, N]`` (0.73 ms of the update at batch 8192 on an H200). Here one program owns one sample: for each of its
 C columns it loads the N predictions, the N' targets and the N levels, forms the ``[N, N']`` pairs in registers
@@ -16,11 +16,11 @@ H200 at B = 8192, N = N' = 64, 3 columns: 1 warp 0.739 ms, 2 warps 0.278, 4 warp
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
+
+from fitdqn.ops.kernels import on_device
 
 WARPS = 2
 
@@ -38,7 +38,7 @@ def fused_quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.T
     loss = torch.empty(batch, device=pred.device, dtype=torch.float32)
     grad = torch.empty(p.shape, device=pred.device, dtype=torch.float32)
     if batch and quantiles and targets and columns:
-        with torch.cuda.device(pred.device) if pred.device.type == "cuda" else contextlib.nullcontext():
+        with on_device(pred):
             _quantile_huber_kernel[(batch,)](
                 p, t, levels, loss, grad, quantiles, targets, float(kappa), 1.0 / (kappa * targets * columns),
                 COLUMNS=columns, BLOCK_N=_block(quantiles), BLOCK_M=_block(targets), num_warps=WARPS,

@@ -15,8 +15,8 @@ the dtypes of q and kv, accumulated in fp32 (fp64 for fp64 inputs). With g = gra
     ds = p * (dp - sum_w p dp)                        dk[b, w, h, :] = ds[b, w, h] q[b, h, :] / sqrt(dh)
     dq[b, h, :] = sum_w ds[b, w, h] k[b, w, h, :] / sqrt(dh)
 
-Kernels: on CUDA the Triton kernels of :mod:`fitdqn.nets.attention_triton` when q and kv are bf16, fp16 or
-fp32 (:data:`fitdqn.nets.iqn_op.FUSED_DTYPES`); everywhere else (and for fp64 on CUDA) the plain torch maths
+Kernels: on CUDA the Triton kernels of :mod:`fitdqn.ops.attention_triton` when q and kv are bf16, fp16 or
+fp32 (:data:`fitdqn.ops.kernels.FUSED_DTYPES`); everywhere else (and for fp64 on CUDA) the plain torch maths
 (:func:`attention_core`, the elementwise code of ``LastTokenAttention.reference``, and the closed-form
 gradient :func:`attention_core_grads`).
 
@@ -36,12 +36,11 @@ from __future__ import annotations
 
 import torch
 
-from fitdqn.nets.iqn_op import FUSED_DTYPES  # the dtypes the Triton kernels take
-from fitdqn.nets.kernels import triton_module
+from fitdqn.ops.kernels import FUSED_DTYPES, triton_module
 
 
 def _triton():
-    return triton_module("fitdqn.nets.attention_triton")
+    return triton_module("fitdqn.ops.attention_triton")
 
 
 def triton_takes(q: torch.Tensor, kv: torch.Tensor) -> bool:

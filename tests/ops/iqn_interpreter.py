@@ -63,7 +63,8 @@ def patch_interpreter_bf16() -> None:
 
 
 def use_triton_on_cpu() -> None:
-    from fitdqn.nets import iqn_op, iqn_triton
+    from fitdqn.ops import iqn as ops_iqn
+    from fitdqn.ops import iqn_triton
 
     def forward(features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype):
         return iqn_triton.fused_quantiles(features, taus, frequencies, embed_w, embed_b, out_w, out_b, dtype)
@@ -71,8 +72,8 @@ def use_triton_on_cpu() -> None:
     def backward(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype):
         return iqn_triton.fused_quantile_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, dtype)
 
-    iqn_op.iqn_quantile_head.register_kernel("cpu", forward)
-    iqn_op.iqn_quantile_head_backward.register_kernel("cpu", backward)
+    ops_iqn.iqn_quantile_head.register_kernel("cpu", forward)
+    ops_iqn.iqn_quantile_head_backward.register_kernel("cpu", backward)
 
 
 def head_results(head, features, taus, upstream, dtype):
@@ -89,10 +90,10 @@ def head_results(head, features, taus, upstream, dtype):
 
 
 def run_case(name, batch, quantiles, d_model, embedding, outputs, dtype_name, programs):
-    from fitdqn.nets import iqn_op
     from fitdqn.nets.iqn import IQNHead
+    from fitdqn.ops import iqn as ops_iqn
 
-    iqn_op.WEIGHT_GRAD_PROGRAMS = programs or 128
+    ops_iqn.WEIGHT_GRAD_PROGRAMS = programs or 128
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
     head = IQNHead(d_model, embedding, outputs, chunk=16, fused=True)
@@ -112,11 +113,11 @@ def run_case(name, batch, quantiles, d_model, embedding, outputs, dtype_name, pr
 
     return {"fused": relative(fused), "chunked": relative(chunked),
             "shapes": [list(value.shape) for value in fused], "dtypes": [str(value.dtype) for value in fused],
-            "programs": iqn_op.tile_geometry(batch, quantiles).programs}
+            "programs": ops_iqn.tile_geometry(batch, quantiles).programs}
 
 
 def main() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.nets.iqn_triton" in sys.modules:
+    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.ops.iqn_triton" in sys.modules:
         raise SystemExit("run with TRITON_INTERPRET=1 in a fresh process")
     patch_interpreter_bf16()
     use_triton_on_cpu()
