@@ -1,9 +1,11 @@
 """Replay throughput: sample a batch (n-step + HER + weights) and update its priorities.
 
 For each capacity: fill the buffer through ``write`` (lockstep steps of --num-envs rows), then time
-``sample(B) + update_priorities`` eagerly and replayed from a CUDA graph (CUDA only), and TorchRL's
-``PrioritizedReplayBuffer`` on ``LazyTensorStorage(device=...)`` with the same rows when torchrl is
-installed. Median over --iters of per-iteration times (CUDA events on CUDA, perf_counter on CPU).
+``sample(B) + update_priorities`` eagerly and replayed from a CUDA graph (CUDA only); the same work through a
+plain-torch binary sum tree (:class:`PlainPrioritizedReplay`, over the same rows); and TorchRL's
+``PrioritizedReplayBuffer`` on ``LazyTensorStorage(device=...)`` with rows of the same fields when torchrl is
+installed (its tree on the storage's device, or, where its build has no CUDA tree, its C++ tree on the host).
+Median over --iters of per-iteration times (CUDA events on CUDA, perf_counter on CPU).
 Prints a table and writes JSON to --out.
 
     python benchmarks/bench_replay.py --capacities 1000000 10000000 --batch 8192 --out bench_replay.json
@@ -14,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -175,6 +180,142 @@ def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool) -
     return rows
 
 
+class PlainPrioritizedReplay:
+    """Prioritized replay as a user writes it in plain torch over the same storage (``fields``, lockstep rows):
+    a binary sum tree in one float64 tensor (node 1 the root, leaf i at ``size + i``), stratified sampling by a
+    descent of ``log2(size)`` levels, importance weights, the n-step return and HER 'future' relabelling from
+    the rows by indexing, and a priority update that writes the leaves and recomputes their ancestors level by
+    level. The same maths as ``fitdqn.replay`` (n-step stops at the episode's end or a terminal step; a goal
+    from a future step of the same episode with probability k / (k + 1)); no fused or custom kernels.
+    """
+
+    def __init__(self, fields: dict[str, torch.Tensor], written: torch.Tensor, num_envs: int, leaves: torch.Tensor,
+                 n_step: int, gamma: float, episode_length: int, goal_column: int, goal_reward,
+                 alpha: float = 0.6, eps: float = 1e-6, her_k: int = 4) -> None:
+        self.fields, self.written, self.num_envs = fields, written, num_envs
+        self.capacity = leaves.shape[0]
+        self.steps = self.capacity // num_envs
+        self.depth = max(1, math.ceil(math.log2(self.capacity)))
+        self.size = 1 << self.depth
+        device = leaves.device
+        self.tree = torch.zeros(2 * self.size, dtype=torch.float64, device=device)  # [2 * size]
+        self.tree[self.size:self.size + self.capacity] = leaves
+        for level in range(self.depth - 1, -1, -1):  # build: node i = 2i + 2i+1
+            lo, hi = 1 << level, 2 << level
+            self.tree[lo:hi] = self.tree[2 * lo:2 * hi:2] + self.tree[2 * lo + 1:2 * hi:2]
+        self.n_step, self.episode_length, self.goal_column = n_step, episode_length, goal_column
+        self.goal_reward, self.alpha, self.eps = goal_reward, alpha, eps
+        self.relabel_probability = her_k / (her_k + 1.0)
+        self.offsets = torch.arange(n_step, device=device) * num_envs  # [n]
+        self.powers = gamma ** torch.arange(n_step + 1, device=device, dtype=torch.float32)  # [n + 1]
+
+    def sample(self, batch: int, beta: torch.Tensor) -> dict[str, torch.Tensor]:
+        uniform = torch.rand(batch, 3, device=self.tree.device, dtype=torch.float64)  # [B, 3]
+        return self.from_uniforms(uniform, beta)
+
+    def locate(self, mass: torch.Tensor) -> torch.Tensor:
+        """The leaf whose prefix-sum range holds each ``mass [B]`` (f64), by descent from the root."""
+        node = torch.ones(mass.shape, dtype=torch.int64, device=mass.device)  # [B]
+        for _ in range(self.depth):
+            left = self.tree[2 * node]
+            right = mass > left
+            mass = torch.where(right, mass - left, mass)
+            node = 2 * node + right.long()
+        return (node - self.size).clamp(max=self.capacity - 1)  # [B]
+
+    def from_uniforms(self, uniform: torch.Tensor, beta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``uniform [B, 3]`` f64: stratum position, HER future step, HER coin."""
+        device, batch = self.tree.device, uniform.shape[0]
+        total = self.tree[1]
+        mass = (torch.arange(batch, device=device, dtype=torch.float64) + uniform[:, 0]) / batch * total  # [B]
+        index = self.locate(mass)
+        probability = self.tree[self.size + index] / total
+        count = torch.clamp(torch.clamp(self.written, max=self.steps) - (self.n_step - 1), min=0) * self.num_envs
+        weight = (count * probability).pow(-beta)
+        out = self.gather(index, uniform[:, 1:])
+        out["weight"] = (weight / weight.max()).float()
+        return out
+
+    def gather(self, index: torch.Tensor, uniform: torch.Tensor) -> dict[str, torch.Tensor]:
+        f, E = self.fields, self.num_envs
+        agent = f["agent"][index]  # [B, Fa]
+        goal = agent[:, self.goal_column]
+        # HER 'future': a step of the same episode at or after this one, already written
+        newest = torch.remainder(self.written - 1, self.steps)
+        ahead = torch.remainder(newest - index // E, self.steps)  # [B]
+        episode_step = f["episode_step"][index].long()
+        span = torch.minimum(self.episode_length - 1 - episode_step, ahead).clamp(min=0)
+        offset = torch.minimum((uniform[:, 0] * (span + 1)).long(), span)
+        future = torch.remainder(index + offset * E, self.capacity)
+        same = f["episode_step"][future].long() == episode_step + offset
+        future_goal = torch.where(same, f["achieved"][future], f["achieved"][index])
+        goal = torch.where(uniform[:, 1] < self.relabel_probability, future_goal, goal)  # [B]
+        # n-step return up to the episode's end or a terminal step
+        slots = torch.remainder(index[:, None] + self.offsets, self.capacity)  # [B, n]
+        flags = f["flags"][slots]
+        ended = (flags & 3) != 0
+        alive = (ended.cumsum(1) - ended.long()) == 0  # [B, n]
+        reward, achieved = f["reward"][slots], f["achieved"][slots]
+        reward = reward + self.goal_reward(achieved - reward, achieved, goal[:, None].expand_as(achieved))
+        length = alive.sum(1)
+        last = slots.gather(1, (length - 1)[:, None]).squeeze(1)
+        discount = self.powers[length] * (1.0 - (f["flags"][last] & 1).float())
+        next_agent = f["next_agent"][last]
+        agent[:, self.goal_column] = goal
+        next_agent[:, self.goal_column] = goal
+        return {"bar": f["bar"][index].long(), "agent": agent, "action": f["action"][index].long(),
+                "reward": (reward * self.powers[:self.n_step] * alive).sum(1), "discount": discount,
+                "next_bar": f["bar"][last].long() + 1, "next_agent": next_agent, "index": index}
+
+    def update_priorities(self, index: torch.Tensor, priorities: torch.Tensor) -> None:
+        node = index + self.size
+        self.tree[node] = (priorities.double().abs() + self.eps) ** self.alpha
+        for _ in range(self.depth):
+            node = node // 2
+            self.tree[node] = self.tree[2 * node] + self.tree[2 * node + 1]
+
+
+def bench_plain(args, capacity: int, device: torch.device) -> list[dict]:
+    """The plain-torch sum tree over a buffer filled like fitdqn's (the same rows and leaves)."""
+    spec = transition_spec(args.agent_dim)
+    buffer = ReplayBuffer(
+        spec, capacity, args.num_envs, n_step=3, gamma=0.99, episode_length=args.episode_length,
+        goal_column=GOAL_COLUMN, goal_reward=goal_reward, prioritized=True, alpha=0.6, priority_eps=1e-6, her=True,
+        her_k=4, tree_fanout=args.fanout, compile=False, device=device,
+    )
+    fill(buffer, args.episode_length, args.agent_dim, torch.Generator(device).manual_seed(0))
+    plain = PlainPrioritizedReplay(buffer.storage.fields, buffer.storage.written, buffer.num_envs,
+                                   buffer.sampler.tree.leaves, n_step=3, gamma=0.99,
+                                   episode_length=args.episode_length, goal_column=GOAL_COLUMN,
+                                   goal_reward=goal_reward)
+    del buffer.sampler  # its tree is no longer needed: only the rows are shared
+    beta = torch.tensor(0.4, device=device, dtype=torch.float64)
+
+    def step() -> dict:
+        batch = plain.sample(args.batch, beta)
+        plain.update_priorities(batch["index"], batch["reward"].abs())
+        return batch
+
+    modes = [("eager", step)]
+    rows = []
+    if device.type == "cuda" and not args.no_graph:
+        try:
+            modes.append(("cuda graph", graphed(step, device)))
+            if not args.no_compile:
+                compiled = torch.compile(step, fullgraph=True, dynamic=False)
+                compiled()
+                modes.append(("compile+graph", graphed(compiled, device)))
+        except Exception as error:
+            rows.append({"impl": "plain-torch sum tree", "mode": "cuda graph", "capacity": capacity,
+                         "error": repr(error)[:300]})
+    for mode, fn in modes:
+        seconds = time_loop(fn, args.iters, args.warmup, device)
+        rows.append({"impl": "plain-torch sum tree", "mode": mode, "capacity": capacity, "batch": args.batch,
+                     "ms_per_iter": seconds * 1e3, "samples_per_s": args.batch / seconds,
+                     "note": f"binary tree, {plain.depth} levels"})
+    return rows
+
+
 def check_against_cpu(args, device: torch.device) -> dict:
     """Same rows into a CPU buffer and a ``device`` buffer (Triton rebuild, compiled sampling): agree?"""
     spec, num_envs, capacity = transition_spec(args.agent_dim), 64, 64 * 40
@@ -207,40 +348,71 @@ def check_against_cpu(args, device: torch.device) -> dict:
 
 
 def bench_torchrl(args, capacity: int, device: torch.device) -> list[dict]:
+    """TorchRL's prioritized buffer on ``LazyTensorStorage(device=...)`` holding rows like fitdqn's: its sum tree
+    where the storage is (a CUDA tree needs a CUDA build of TorchRL), else, said so, its C++ tree on the host."""
+    name = "torchrl PrioritizedReplayBuffer"
     try:
+        import torchrl
         from tensordict import TensorDict
-        from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
-    except ImportError:
-        print("torchrl not installed")
-        return [{"impl": "torchrl PrioritizedReplayBuffer", "capacity": capacity, "error": "not installed"}]
+        from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer, PrioritizedSampler, ReplayBuffer
+    except ImportError as error:
+        print(f"torchrl not importable: {error}")
+        return [{"impl": name, "capacity": capacity, "error": f"not importable: {error}"[:300]}]
+    version = f"torchrl {torchrl.__version__}"
     generator = torch.Generator(device).manual_seed(0)
-    buffer = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(capacity, device=device),
-                                     batch_size=args.batch)
-    chunk = min(capacity, 1 << 20)
-    for start in range(0, capacity, chunk):
-        rows = min(chunk, capacity - start)
-        buffer.extend(TensorDict({
-            "bar": torch.randint(8, 100_000, (rows,), device=device, generator=generator, dtype=torch.int32),
-            "agent": torch.randn(rows, args.agent_dim, device=device, generator=generator),
-            "action": torch.randint(0, 5, (rows, 3), device=device, generator=generator, dtype=torch.uint8),
-            "reward": torch.randn(rows, device=device, generator=generator),
-            "achieved": torch.randn(rows, device=device, generator=generator),
-            "next_agent": torch.randn(rows, args.agent_dim, device=device, generator=generator),
-            "episode_step": torch.zeros(rows, device=device, dtype=torch.int32),
-            "flags": torch.zeros(rows, device=device, dtype=torch.uint8),
-        }, batch_size=[rows], device=device))
 
-    def step() -> None:
-        data, info = buffer.sample(return_info=True)
-        buffer.update_priority(info["index"], data["reward"].abs())
+    def filled(buffer) -> None:
+        chunk = min(capacity, 1 << 20)
+        for start in range(0, capacity, chunk):
+            rows = min(chunk, capacity - start)
+            buffer.extend(TensorDict({
+                "bar": torch.randint(8, 100_000, (rows,), device=device, generator=generator, dtype=torch.int32),
+                "agent": torch.randn(rows, args.agent_dim, device=device, generator=generator),
+                "action": torch.randint(0, 5, (rows, 3), device=device, generator=generator, dtype=torch.uint8),
+                "reward": torch.randn(rows, device=device, generator=generator),
+                "achieved": torch.randn(rows, device=device, generator=generator),
+                "next_agent": torch.randn(rows, args.agent_dim, device=device, generator=generator),
+                "episode_step": torch.zeros(rows, device=device, dtype=torch.int32),
+                "flags": torch.zeros(rows, device=device, dtype=torch.uint8),
+            }, batch_size=[rows], device=device))
 
+    rows_out = []
+    builds = [("tree on the storage's device", lambda: PrioritizedReplayBuffer(
+        alpha=0.6, beta=0.4, storage=LazyTensorStorage(capacity, device=device), batch_size=args.batch))]
+    if device.type == "cuda":
+        builds.append(("C++ tree on the host, storage on the GPU", lambda: ReplayBuffer(
+            storage=LazyTensorStorage(capacity, device=device), batch_size=args.batch,
+            sampler=PrioritizedSampler(capacity, alpha=0.6, beta=0.4, device="cpu"))))
+    for label, build in builds:
+        try:
+            buffer = build()
+            filled(buffer)
+
+            def step(buffer=buffer) -> None:
+                data, info = buffer.sample(return_info=True)
+                buffer.update_priority(info["index"], data["reward"].abs())
+
+            seconds = time_loop(step, args.iters, args.warmup, device)
+        except Exception as error:
+            rows_out.append({"impl": name, "mode": label, "capacity": capacity, "version": version,
+                             "error": repr(error)[:300]})
+            continue
+        rows_out.append({"impl": name, "mode": "eager", "capacity": capacity, "batch": args.batch,
+                         "ms_per_iter": seconds * 1e3, "samples_per_s": args.batch / seconds, "version": version,
+                         "note": f"{label}; 1-step sample + priority update only (no n-step, no HER)"})
+        break  # the first build that works
+    return rows_out
+
+
+def git_commit() -> str:
+    """The code's commit (FITDQN_COMMIT where the tree travelled without its .git)."""
+    if os.environ.get("FITDQN_COMMIT"):
+        return os.environ["FITDQN_COMMIT"]
     try:
-        seconds = time_loop(step, args.iters, args.warmup, device)
-    except Exception as error:
-        return [{"impl": "torchrl PrioritizedReplayBuffer", "capacity": capacity, "error": repr(error)[:300]}]
-    return [{"impl": "torchrl PrioritizedReplayBuffer", "mode": "eager", "capacity": capacity,
-             "batch": args.batch, "ms_per_iter": seconds * 1e3, "samples_per_s": args.batch / seconds,
-             "note": "1-step sample + priority update only (no n-step, no HER)"}]
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def main() -> None:
@@ -258,6 +430,8 @@ def main() -> None:
     parser.add_argument("--no-graph", action="store_true", help="skip CUDA graph capture")
     parser.add_argument("--no-uniform", action="store_true", help="skip the uniform-sampling rows")
     parser.add_argument("--no-torchrl", action="store_true", help="skip the TorchRL rows")
+    parser.add_argument("--no-fitdqn", action="store_true", help="skip fitdqn's rows")
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain-torch sum tree rows")
     parser.add_argument("--parts", action="store_true", help="also time descent / gather / update alone")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile + CUDA graph rows")
     parser.add_argument("--profile", action="store_true", help="print kernel tables (torch.profiler)")
@@ -274,8 +448,13 @@ def main() -> None:
         results.append({"impl": "check against CPU", "capacity": 64 * 40, **check})
     for capacity in args.capacities:
         capacity -= capacity % args.num_envs
-        results += bench_fitdqn(args, capacity, device, prioritized=True)
-        if not args.no_uniform:
+        if not args.no_fitdqn:
+            results += bench_fitdqn(args, capacity, device, prioritized=True)
+        if not args.no_plain:
+            results += bench_plain(args, capacity, device)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        if not args.no_uniform and not args.no_fitdqn:
             results += bench_fitdqn(args, capacity, device, prioritized=False)
         if not args.no_torchrl:
             results += bench_torchrl(args, capacity, device)
@@ -294,7 +473,8 @@ def main() -> None:
             print(f"{row['impl']:34} {row['mode']:11} {row['capacity']:>10} {row['ms_per_iter']:>9.3f} "
                   f"{row['samples_per_s']:>14,.0f}")
     with open(args.out, "w") as handle:
-        json.dump({"device": name, "torch": torch.__version__, "args": vars(args), "results": results},
+        json.dump({"device": name, "torch": torch.__version__, "commit": git_commit(),
+                   "date": time.strftime("%Y-%m-%d", time.gmtime()), "args": vars(args), "results": results},
                   handle, indent=2)
     print(f"wrote {args.out}")
 

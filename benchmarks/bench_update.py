@@ -9,8 +9,8 @@ For each batch size a fresh learner (default config, state_dim 80) is built, the
   allocated before it (parameters, gradients, Adam state and the batch already exist), divided by B;
   ``traced`` is the same step traced by the planner (``fitdqn.memory.trace``, fake tensors, allocator
   rounding) — the number the planner can get on any device, so the two can be compared;
-- graphed (CUDA only): ``capture_update`` (its warm-up included in the peak), then timed ``step(batch)``
-  calls (input copy + replay); ``graph_pool`` is the memory the captured graph keeps reserved.
+- graphed (CUDA only): ``capture_graph`` over a static batch (its warm-up included in the peak), then timed
+  ``step(batch)`` calls (input copy + replay); ``graph_pool`` is the memory the captured graph keeps reserved.
 ``marginal`` is the slope of peak bytes between consecutive batch sizes (fixed per-call costs such as
 weight casts and cuBLAS workspaces cancel). On CPU only eager runs, with the trace for memory.
 """
@@ -28,8 +28,9 @@ from pathlib import Path
 import torch
 
 from fitdqn.config import Config, config_to_dict, with_overrides
+from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import probe
-from fitdqn.learn import Learner, capture_update, random_batch
+from fitdqn.learn import Learner, random_batch
 from fitdqn.memory.trace import StepSetup, trace_step_memory
 from fitdqn.nets.groups import parameter_groups
 from fitdqn.plan.build import trace_config
@@ -140,10 +141,16 @@ def bench_graphed(config: Config, args, device: torch.device, batch_size: int) -
     reserved_before = torch.cuda.memory_reserved(device)
     holder = {}
     begin = time.perf_counter()
-    peak = cuda_peak(lambda: holder.setdefault("step", capture_update(learner, batch, warmup=args.warmup)),
-                     device)
+    static_batch = {key: value.clone() for key, value in batch.items()}
+    peak = cuda_peak(lambda: holder.setdefault("graph", capture_graph(lambda: learner.update(static_batch), device,
+                                                                       warmup=args.warmup)), device)
     capture_s = time.perf_counter() - begin
-    step = holder["step"]
+    graph, _ = holder["graph"]
+
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        for key, value in static_batch.items():
+            value.copy_(batch[key], non_blocking=True)
+        graph.replay()
     torch.cuda.empty_cache()
     row = {"batch": batch_size, "mode": "graphed", "peak_bytes": peak, "capture_s": capture_s,
            "graph_pool_bytes": torch.cuda.memory_reserved(device) - reserved_before}

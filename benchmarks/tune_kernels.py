@@ -1,10 +1,10 @@
 """Launch shapes of fitdqn's Triton kernels, timed on the present GPU (the figures quoted beside the constants).
 
-Times the fused IQN head's backward and forward kernels (``fitdqn.nets.iqn_triton``) and the quantile Huber
-kernel (``fitdqn.learn.quantile_huber_triton``) alone, at the update's shapes (N = N' = 64, E = 64, d = 256,
+Times the fused IQN head's backward and forward kernels (``fitdqn.ops.iqn_triton``) and the quantile Huber
+kernel (``fitdqn.ops.quantile_huber_triton``) alone, at the update's shapes (N = N' = 64, E = 64, d = 256,
 15 outputs, 3 branches, bf16), for a list of launch shapes each: slice width, warps, pipeline stages and, for
-the backward, the number of batch programs P (``iqn_op.WEIGHT_GRAD_PROGRAMS``). Each backward shape is checked
-against the first (the partial sums are reduced over P; only the summation order may differ).
+the backward, the number of batch programs P (``fitdqn.ops.iqn.WEIGHT_GRAD_PROGRAMS``). Each backward shape is
+checked against the first (the partial sums are reduced over P; only the summation order may differ).
 
     PYTHONPATH=src python benchmarks/tune_kernels.py --batch 8192 --out tune_kernels.json
 """
@@ -48,8 +48,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("tune_kernels needs a CUDA GPU", file=sys.stderr)
         return 2
-    from fitdqn.learn import quantile_huber_triton as huber
-    from fitdqn.nets import iqn_op, iqn_triton
+    from fitdqn.ops import iqn as ops_iqn
+    from fitdqn.ops import iqn_triton
+    from fitdqn.ops import quantile_huber_triton as huber
 
     device, (batch, n, e, d, o) = "cuda", (args.batch, 64, 64, 256, 15)
     generator = torch.Generator(device=device).manual_seed(0)
@@ -57,13 +58,13 @@ def main() -> int:
     features, taus = randn(batch, d).bfloat16(), torch.rand(batch, n, device=device, generator=generator)
     frequencies = torch.arange(e, device=device, dtype=torch.float32) * torch.pi
     w1, b1, w2, b2, grad = randn(d, e) * 0.1, randn(d) * 0.1, randn(o, d) * 0.1, randn(o) * 0.1, randn(batch, n, o)
-    saved = (iqn_op.WEIGHT_GRAD_PROGRAMS, iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS,
+    saved = (ops_iqn.WEIGHT_GRAD_PROGRAMS, iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS,
              iqn_triton.BACKWARD_STAGES, iqn_triton.FORWARD_BLOCK_D, iqn_triton.FORWARD_WARPS,
              iqn_triton.FORWARD_STAGES, huber.WARPS)
     rows, first = [], None
     try:
         for programs, block_d, warps, stages in BACKWARD_SHAPES:
-            iqn_op.WEIGHT_GRAD_PROGRAMS = programs
+            ops_iqn.WEIGHT_GRAD_PROGRAMS = programs
             iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS, iqn_triton.BACKWARD_STAGES = block_d, warps, stages
             backward = lambda: iqn_triton.fused_quantile_grads(grad, features, taus, frequencies, w1, b1, w2,  # noqa
                                                                torch.bfloat16)
@@ -88,7 +89,7 @@ def main() -> int:
             rows.append({"kernel": "quantile_huber", "warps": warps, "ms": milliseconds(loss, args.reps)})
             print(json.dumps(rows[-1]), flush=True)
     finally:
-        (iqn_op.WEIGHT_GRAD_PROGRAMS, iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS,
+        (ops_iqn.WEIGHT_GRAD_PROGRAMS, iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS,
          iqn_triton.BACKWARD_STAGES, iqn_triton.FORWARD_BLOCK_D, iqn_triton.FORWARD_WARPS,
          iqn_triton.FORWARD_STAGES, huber.WARPS) = saved
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": batch, "rows": rows}

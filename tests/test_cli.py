@@ -9,7 +9,7 @@ import torch
 
 from fitdqn import __version__
 from fitdqn.cli import build_parser, main
-from fitdqn.cli_args import config_from_args
+from fitdqn.cli.args import config_from_args
 from fitdqn.config import Config, config_from_dict, field_types, load_config, section_types
 from fitdqn.device.threads import cpu_threads, omp_num_threads, usable_cpus
 from fitdqn.errors import UserError
@@ -222,3 +222,38 @@ def test_too_little_memory_says_how_much_is_needed(capsys):
     capsys.readouterr()
     assert main(["plan", "--gpu", "rtx3050", "--free-memory", f"{needed - 2}MiB"]) == 2  # and no more than needed
     assert f"--free-memory {needed}MiB" in capsys.readouterr().err
+
+
+def test_help_does_not_import_torch():
+    """`fitdqn --help` and a command's --help stay fast: torch and the library load only when a command runs."""
+    script = ("import sys\nfrom fitdqn.cli import main\n"
+              "for argv in (['--help'], ['train', '--help'], ['plan', '--help-all'], ['tune', '--help']):\n"
+              "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+              "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('fitdqn.train', 'fitdqn.plan'))),"
+              " file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stderr.strip() == "[]" and "usage: fitdqn" in done.stdout
+
+
+def test_only_the_cli_parses_arguments():
+    """Library functions take typed arguments: no module of fitdqn outside fitdqn.cli imports argparse."""
+    import pathlib
+
+    import fitdqn
+
+    root = pathlib.Path(fitdqn.__file__).parent
+    leaks = [str(p.relative_to(root)) for p in root.rglob("*.py")
+             if p.relative_to(root).parts[0] != "cli" and re.search(r"^\s*(import|from) argparse", p.read_text(),
+                                                                     re.MULTILINE)]
+    assert leaks == []
+
+
+def test_the_console_script_is_the_cli_main():
+    import importlib
+    import pathlib
+
+    import fitdqn.cli
+
+    pyproject = tomllib.loads((pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    module, _, name = pyproject["project"]["scripts"]["fitdqn"].partition(":")
+    assert getattr(importlib.import_module(module), name) is fitdqn.cli.main is main

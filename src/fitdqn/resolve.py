@@ -15,7 +15,7 @@ from fitdqn.config import Config, for_device
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.market.env import RewardScale, resolve_reward
 from fitdqn.market.loader import Market
-from fitdqn.nets.kernels import resolve_kernels
+from fitdqn.ops.kernels import resolve_kernels
 
 
 def resolved_precision(precision: str, device: DeviceInfo) -> str:

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fitdqn.memory.component import Component
 from fitdqn.train.trainer import Trainer
 
 MIB = 2**20
@@ -66,8 +65,7 @@ def test_a_premapped_pool_lets_a_capture_fit_under_the_memory_cap():
 
 
 def test_the_trainer_premaps_the_plans_pool_only_under_a_cap():
-    plan = SimpleNamespace(per_sample_bytes=1000, components=[
-        Component("dqn", 5 * MIB, 600, "test"), Component("cuda_graphs", 22 * MIB, 400, "test")])
+    plan = SimpleNamespace(per_sample_bytes=1000, budgets=SimpleNamespace(graph_pool_fixed_bytes=22 * MIB))
     trainer = SimpleNamespace(plan=plan, batch_size=4096, device_info=SimpleNamespace(allocator_limit_bytes=None))
     assert Trainer._premap_bytes(trainer) == 0
     trainer.device_info.allocator_limit_bytes = 4 << 30

@@ -1,4 +1,5 @@
-"""CUDA-graph capture of the update: the graphed step equals the eager one (GPU only)."""
+"""CUDA-graph capture of the update (``fitdqn.device.graphs.capture_graph``, the one capture path): the graphed
+step equals the eager one (GPU only)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,9 @@ import copy
 import pytest
 import torch
 from learn_helpers import make_batch, make_learner, small_config
-
-from fitdqn.learn import capture_update
+from support.graphs import capture_update
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-
-
-def test_capture_refuses_cpu():
-    with pytest.raises(ValueError):
-        capture_update(make_learner(), make_batch(8))
 
 
 @cuda

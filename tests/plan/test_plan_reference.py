@@ -15,11 +15,14 @@ from pathlib import Path
 import pytest
 
 from fitdqn.cli import main
-from fitdqn.nets.kernels import resolve_kernels
+from fitdqn.ops.kernels import resolve_kernels
 
 REFERENCE = json.loads((Path(__file__).parent / "plan_reference.json").read_text())
 WHAT_IFS = {"rtx3050_1.7GiB": ["--gpu", "rtx3050", "--free-memory", "1.7GiB"], "h200": ["--gpu", "h200"]}
 TOLERANCE = 0.005
+# The traced step's bytes outside the networks, split by the trace's attribution of the replay's own calls
+# (``System.memory_calls``): the split moved when it replaced hand-typed rows; their sum must not move.
+SAMPLING_SPLIT = ("replay", "her", "batch")
 
 
 def close(value: int, reference: int) -> bool:
@@ -38,4 +41,7 @@ def test_the_default_plan_keeps_its_batch_and_components(what_if, capsys, tmp_pa
     assert set(components) == set(reference["components"])
     for name, (fixed, per_sample) in reference["components"].items():
         assert close(components[name]["fixed_bytes"], fixed), (name, components[name]["fixed_bytes"], fixed)
-        assert close(components[name]["per_sample_bytes"], per_sample), (name, components[name], per_sample)
+        if name not in SAMPLING_SPLIT:
+            assert close(components[name]["per_sample_bytes"], per_sample), (name, components[name], per_sample)
+    split = sum(components[name]["per_sample_bytes"] for name in SAMPLING_SPLIT)
+    assert close(split, sum(reference["components"][name][1] for name in SAMPLING_SPLIT)), split

@@ -31,6 +31,17 @@ def test_components_sum_and_allocation_order():
     assert result.planned_bytes == result.fixed_bytes + 1000 * result.batch_size
 
 
+def test_the_plan_hands_the_trainer_typed_budgets():
+    device = what_if("Some Unknown GPU", None, GIB)
+    profile = match_profile(device.name, load_profiles())
+    components = [*parts(replay_fixed=GIB // 4), Component("cuda_graphs", 22 * 2**20, 400, "test")]
+    result = make_plan(device, profile, BudgetConfig(batch_size=0), components, 4096)
+    budgets = result.budgets
+    assert budgets.replay_capacity == 4096 and budgets.batch_size == result.batch_size
+    assert budgets.graph_pool_fixed_bytes == 22 * 2**20
+    assert budgets.update_bytes == 1400 * result.batch_size
+
+
 def test_batch_comes_last_from_what_is_left():
     free = GIB
     result = plan(free, parts(replay_fixed=int(0.7 * free)), headroom_fraction=0.05)

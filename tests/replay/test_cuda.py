@@ -4,13 +4,14 @@ import pytest
 import torch
 from support.replay_reference import FakeEnv, buffer_options, goal_reward, transition_spec
 
-from fitdqn.replay import ReplayBuffer, SumTree, sum_tree_triton
+from fitdqn.ops import sum_tree as sum_tree_ops
+from fitdqn.replay import ReplayBuffer, SumTree
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 @cuda
-@pytest.mark.skipif(not sum_tree_triton.available(torch.device("cuda")) if torch.cuda.is_available()
+@pytest.mark.skipif(not sum_tree_ops.available(torch.device("cuda")) if torch.cuda.is_available()
                     else True, reason="needs Triton")
 @pytest.mark.parametrize("fanout", [2, 16, 64])
 def test_triton_rebuild_matches_torch(fanout):

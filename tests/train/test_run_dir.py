@@ -10,7 +10,7 @@ import fitdqn.train.run as run_module
 from fitdqn.cli import main
 from fitdqn.config import Config, dump_config
 from fitdqn.train.logs import RunLogger, read_jsonl
-from fitdqn.train.run import default_run_dir
+from fitdqn.train.run import default_run_dir, status_line
 
 
 def refused(capsys, *args) -> str:
@@ -106,3 +106,10 @@ def test_setup_files_do_not_block_a_new_run_and_outlive_a_failed_one(tmp_path):
     (folder / "metrics.jsonl").write_text("")
     run_module.discard_new_run(folder, [], set(run_module.SETUP_FILES), Console(quiet=True))
     assert sorted(p.name for p in folder.iterdir()) == sorted(run_module.SETUP_FILES)
+
+
+def test_the_status_line_shows_an_epoch_without_a_validation_sharpe():
+    """A ruined validation account has no Sharpe: the status line says so instead of failing the run."""
+    line = status_line({"env_steps_per_s": 10.0, "updates_per_s": 2.0, "loss": 0.5, "validation_sharpe": None})
+    assert "val Sharpe -" in line and "loss 0.500" in line
+    assert "val Sharpe 1.25" in status_line({"validation_sharpe": 1.25})

@@ -5,8 +5,8 @@ optuna = pytest.importorskip("optuna")
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution  # noqa: E402
 
 from fitdqn.cli import build_parser  # noqa: E402
+from fitdqn.cli.tune import config_and_search  # noqa: E402
 from fitdqn.config import Config, ConfigError, with_overrides  # noqa: E402
-from fitdqn.tune.cli import config_and_search  # noqa: E402
 from fitdqn.tune.space import SearchSpaceError, parse_search_space  # noqa: E402
 
 

@@ -14,7 +14,7 @@ from torch import Tensor
 from fitdqn.config import LearnConfig
 from fitdqn.device.graphs import capture_graph
 from fitdqn.learn.learner import Learner
-from fitdqn.market.env import FuturesEnv
+from fitdqn.market.env import FuturesEnv, state_shapes
 from fitdqn.replay.buffer import ReplayBuffer
 
 STAT_KEYS = ("reward", "pnl", "cost", "episodes_done")
@@ -87,8 +87,6 @@ class Collector:
         return state
 
     def env_state_names(self) -> list[str]:
-        from fitdqn.market.env import state_shapes
-
         return list(state_shapes(self.env.num_envs))
 
     def load_state_dict(self, state: dict) -> None:

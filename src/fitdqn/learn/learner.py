@@ -2,7 +2,7 @@
 
 ``Learner.update(batch)`` is one pure, capturable step (no ``.item()``, no host sync, no Python branch on a
 tensor value; every Python branch is on the config). It runs eagerly (the reference) and inside a CUDA
-graph (``fitdqn.learn.graph.capture_update``, the fast path).
+graph (``fitdqn.device.graphs.capture_graph``, the fast path).
 
 What one update does, in order:
 
@@ -52,8 +52,8 @@ from fitdqn.learn.precision import autocast, autocast_dtype
 from fitdqn.learn.schedule import scaled_lr, target_period_at, target_tau_at
 from fitdqn.learn.target import target_weight, update_target
 from fitdqn.nets.iql import ValueNet
-from fitdqn.nets.kernels import resolve_kernels
 from fitdqn.nets.qnet import QNetwork
+from fitdqn.ops.kernels import resolve_kernels
 
 BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
 OUTPUT_KEYS = ("loss", "c51_loss", "iqn_loss", "iql_loss", "priorities", "q_mean", "v_mean", "grad_norm")

@@ -104,9 +104,9 @@ class GroupOwner:
                 self._handles.append(module.register_forward_hook(self._pop, always_call=True))
         self.groups = groups
 
-    def attach_calls(self, calls: dict[str, Iterable[tuple[object, str]]]) -> None:
+    def attach_calls(self, calls: dict[str, Iterable[tuple[object, str]]] | None) -> None:
         """Charge what each ``(object, attribute)`` call allocates to its group (call inside ``active``)."""
-        for name, pairs in calls.items():
+        for name, pairs in (calls or {}).items():
             if name == OTHER:
                 raise ValueError(f"group name {OTHER!r} is reserved for what belongs to no group")
             for obj, attribute in pairs:

@@ -231,7 +231,7 @@ def _as_setup(made: StepSetup | Callable[[], Any]) -> StepSetup:
         step, groups, calls = (*made, None) if len(made) == 2 else made
         return StepSetup(step, dict(groups or {}), dict(calls or {}))
     if callable(made):
-        return StepSetup(made, {})
+        return StepSetup(made, {}, {})
     raise TypeError(f"make_step must return a callable or StepSetup(step, groups), not {type(made).__name__}")
 
 

@@ -14,9 +14,9 @@ Memory per sample saved for backward (elements; bf16 under autocast = 2 bytes ea
 A full-sequence block (queries, outputs, residuals for all W tokens) would keep about W times the
 ``[d_model]`` terms as well; nothing reads the other W - 1 outputs, so they are not computed.
 
-The fused path (``fused=True``, :mod:`fitdqn.nets.attention_op`): everything between the projections is one
+The fused path (``fused=True``, :mod:`fitdqn.ops.attention`): everything between the projections is one
 operator, ``fitdqn::last_token_attention(q [B, d], kv [B, W, 2 d], heads)``, Triton kernels on CUDA
-(:mod:`fitdqn.nets.attention_triton`). The elementwise form (:meth:`LastTokenAttention.reference`) spends its
+(:mod:`fitdqn.ops.attention_triton`). The elementwise form (:meth:`LastTokenAttention.reference`) spends its
 time in strided, non-vectorised multiplies, reductions with staging buffers and, in backward,
 ``select_backward`` + ``CopySlices`` zero-filling ``[B, W, 2 d]``. Measured on an H200 at B = 8192 (bf16): the
 operator's forward takes 37 us a call, 3 calls an update; the graphed update went from 8.05 to 6.09 ms with this
@@ -46,8 +46,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fitdqn.nets.attention_op import last_token_attention
 from fitdqn.nets.groups import tag
+from fitdqn.ops.attention import last_token_attention
 
 
 class LastTokenAttention(nn.Module):

@@ -7,15 +7,15 @@ with psi(s) the trunk features ``[B, d_model]`` and O = one output per sub-actio
 The plain module (:meth:`IQNHead.reference`, the test oracle) keeps ``[B, N, E]`` cosines, ``[B, N, d]`` ReLU
 outputs and ``[B, N, d]`` products for backward: ``N * (E + 2 d)`` elements per sample (36,864 for N = 64,
 E = 64, d = 256: 72 KB in bf16, the largest activation of the whole update). Two implementations avoid
-that, picked once at construction (``net.kernels``, :func:`fitdqn.nets.kernels.resolve_kernels`):
+that, picked once at construction (``net.kernels``, :func:`fitdqn.ops.kernels.resolve_kernels`):
 
-- ``'triton'``: the operator ``fitdqn::iqn_quantile_head`` (:mod:`fitdqn.nets.iqn_op`), fused Triton kernels
-  on CUDA (:mod:`fitdqn.nets.iqn_triton`) that compute cosines, phi and h in registers, tile by tile. Per
+- ``'triton'``: the operator ``fitdqn::iqn_quantile_head`` (:mod:`fitdqn.ops.iqn`), fused Triton kernels
+  on CUDA (:mod:`fitdqn.ops.iqn_triton`) that compute cosines, phi and h in registers, tile by tile. Per
   sample: saved for backward only the inputs, features ``[d]`` + taus ``[N]`` (1 KB + 256 B); output
   ``[N, O]`` fp32 (3.75 KB at N = 64); in backward grad features ``[d]`` fp32 (1 KB) and, independent of the
   batch, per-program partial sums of the weight gradients (``[P, d, E]`` + ``[P, O, d]`` + ``[P, O]`` fp32,
   P = 128: about 10 MiB). On the CPU the same operator runs the chunked maths.
-- ``'torch'``: :class:`QuantileHeadFunction` (:mod:`fitdqn.nets.iqn_chunked`), cuBLAS GEMMs over ``chunk``
+- ``'torch'``: :class:`QuantileHeadFunction` (:mod:`fitdqn.ops.iqn`), cuBLAS GEMMs over ``chunk``
   quantiles at a time (``net.iqn_chunk``): the same saved inputs, plus about 32 KB per sample of transients
   in bf16 at chunk 16.
 """
@@ -29,8 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fitdqn.nets.groups import tag
-from fitdqn.nets.iqn_chunked import QuantileHeadFunction, compute_dtype, cosine_embedding
-from fitdqn.nets.iqn_op import iqn_quantile_head
+from fitdqn.ops.iqn import QuantileHeadFunction, compute_dtype, cosine_embedding, iqn_quantile_head
 
 __all__ = ["IQNHead", "QuantileHeadFunction", "compute_dtype", "cosine_embedding"]
 

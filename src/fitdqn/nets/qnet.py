@@ -20,7 +20,7 @@ class QNetwork(nn.Module):
     """Features, C51 logits/Q values and IQN quantiles for ``obs [B, W, S]``.
 
     ``fused``: the IQN head and the attention core run their fused operators (Triton on CUDA; ``net.kernels``
-    resolved for the device the network runs on, ``fitdqn.nets.kernels.resolve_kernels``), else the chunked IQN
+    resolved for the device the network runs on, ``fitdqn.ops.kernels.resolve_kernels``), else the chunked IQN
     head and the elementwise attention.
     """
 

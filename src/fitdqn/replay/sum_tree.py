@@ -15,8 +15,8 @@ an average leaf's mass, which would bias small priorities. Float64 makes that er
 Duplicate indices in one update: the largest value wins (``scatter_reduce(amax)``, deterministic),
 documented in :meth:`SumTree.update_max`.
 
-On CUDA with Triton the ancestor rebuild runs as one fused kernel per level (``sum_tree_triton``); the
-torch code here is the reference it is checked against.
+The ancestor rebuild is :func:`fitdqn.ops.sum_tree.propagate`: on CUDA with Triton one fused kernel per level,
+else the torch reference it is checked against.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from fitdqn.memory.component import tensor_bytes
-from fitdqn.replay import sum_tree_triton
+from fitdqn.ops import sum_tree as sum_tree_ops
 
 DTYPE = torch.float64
 # u is kept strictly below a node's mass by this relative margin, so rounding never walks off the end.
@@ -56,7 +56,7 @@ class SumTree:
         self.device = torch.device(device)
         self.levels = [torch.zeros(size, dtype=DTYPE, device=self.device) for size in
                        level_sizes(self.num_leaves, self.fanout)]
-        self.use_triton = sum_tree_triton.available(self.device) if use_triton is None else use_triton
+        self.use_triton = sum_tree_ops.available(self.device) if use_triton is None else use_triton
 
     @property
     def leaves(self) -> torch.Tensor:
@@ -88,14 +88,7 @@ class SumTree:
 
         Duplicated parents get the same recomputed sum, so the scatter is deterministic.
         """
-        if self.use_triton:
-            sum_tree_triton.propagate(self.levels, index, self.fanout)
-            return
-        node = index
-        for depth in range(len(self.levels) - 1, 0, -1):
-            node = torch.div(node, self.fanout, rounding_mode="floor")  # [M] parent ids
-            sums = self.levels[depth].view(-1, self.fanout)[node].sum(-1)  # [M]
-            self.levels[depth - 1].index_copy_(0, node, sums)
+        sum_tree_ops.propagate(self.levels, index, self.fanout, fused=self.use_triton)
 
     def rebuild(self) -> None:
         """Recompute every internal node from the leaves (after loading leaves wholesale)."""

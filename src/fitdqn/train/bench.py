@@ -28,6 +28,7 @@ from fitdqn.config import Config
 from fitdqn.device.graphs import capture_graph
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
+from fitdqn.train.trainer import Trainer
 
 WARMUP = 2
 
@@ -70,16 +71,14 @@ def fill_replay(trainer, needed: int, max_rounds: int = 10_000) -> None:
                     "replay.capacity")
 
 
-def run_bench_command(config: Config, iters: int = 20, collect_steps: int = 16,
-                      seconds: float = 3.0) -> dict[str, Any]:
+def run_bench(config: Config, *, iters: int, collect_steps: int, seconds: float) -> dict[str, Any]:
     """Build the Trainer for ``config`` on its device and time collector, replay and update (module doc).
 
     Each timed row runs up to ``iters`` calls (``collect_steps`` collector steps) or ``seconds``, whichever
     comes first; the counts actually run are in the result."""
-    from fitdqn.train.trainer import Trainer
-
     if iters < 1 or collect_steps < 1 or seconds <= 0:
-        raise UserError("--iters and --collect-steps must be at least 1, --seconds positive")
+        raise UserError(f"iters ({iters}) and collect_steps ({collect_steps}) must be at least 1, seconds ({seconds}) "
+                        "positive")
     trainer = Trainer(config, log=lambda *_: None)
     try:
         return _bench(trainer, iters, collect_steps, seconds)

@@ -20,8 +20,9 @@ largest that fits. On the present CUDA GPU:
 5. write the profile TOML (``profile_toml``; same format as the shipped ``device/profiles/*.toml`` plus a
    ``[[measurements]]`` array) atomically, after checking ``device.profiles.parse_profile`` accepts it.
 
-Only the measuring (``measure_batches``) needs a GPU; naming, selection and the TOML writer are pure
-functions tested on the CPU.
+:func:`profile_gpu` does steps 1-5 with typed arguments (``fitdqn.cli.profile`` parses the options, probes the
+device and asks for CUDA). Only the measuring (``measure_batches``) needs a GPU; naming, selection and the TOML
+writer are pure functions tested on the CPU.
 """
 
 from __future__ import annotations
@@ -33,18 +34,24 @@ import shutil
 import statistics
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 import torch
+from rich.console import Console
+from rich.table import Table
 
 from fitdqn.config import Config, with_overrides
-from fitdqn.device.probe import DeviceInfo, probe
+from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import Profile, parse_profile
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 from fitdqn.plan.build import sampleable_capacity
+from fitdqn.plan.calibrate import driver_overhead
+from fitdqn.train.checkpoint import atomic_write_text
+from fitdqn.train.trainer import Trainer
 
 TOLERANCE = 0.05  # a batch within 5 % of the best full-epoch samples/s is as good as the best
 RISE = 0.01  # past budget.max_batch, batches are doubled while samples/s rises by more than this per doubling
@@ -64,16 +71,6 @@ def power_of_two_batches(min_batch: int, max_batch: int) -> list[int]:
         batches.append(batch)
         batch *= 2
     return batches or [int(min_batch)]
-
-
-def parse_batch_list(text: str) -> list[int]:
-    try:
-        values = sorted({int(part) for part in text.replace(" ", "").split(",") if part})
-    except ValueError:
-        raise UserError(f"--batches {text!r}: expected comma-separated batch sizes, e.g. 256,1024,4096") from None
-    if not values or values[0] < 1:
-        raise UserError(f"--batches {text!r}: give positive batch sizes, e.g. 256,1024,4096")
-    return values
 
 
 def next_batch_beyond(rows: list[dict[str, Any]], limit: int) -> int | None:
@@ -146,8 +143,6 @@ def check_profile_text(text: str, origin: str) -> Profile:
 
 
 def write_profile(path: Path, text: str) -> Path:
-    from fitdqn.train.checkpoint import atomic_write_text
-
     check_profile_text(text, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)
@@ -246,8 +241,6 @@ def measure_batches(config: Config, device: DeviceInfo, batches: list[int] | Non
                     update_iters: int, console=None) -> tuple[list[dict[str, Any]], Any, int | None]:
     """Build the trainer once and measure each batch; an out-of-memory batch is a row with an error.
     Returns the rows, the trainer and the driver-side bytes of the whole run (``driver_side_bytes``)."""
-    from fitdqn.train.trainer import Trainer
-
     before = driver_memory(device)
     trainer = Trainer(config, device)
     plan = trainer.plan
@@ -298,18 +291,13 @@ def driver_memory(device: DeviceInfo) -> tuple[int, int] | None:
 def driver_side_bytes(before: tuple[int, int] | None, after: tuple[int, int] | None) -> int | None:
     """What the driver took outside the allocator between two ``driver_memory`` readings (kernel images loaded
     lazily, cuBLAS handles, graph executables): ``calibrate.driver_overhead`` of them."""
-    from fitdqn.plan.calibrate import driver_overhead
-
     if before is None or after is None:
         return None
     (free_before, reserved_before), (free_after, reserved_after) = before, after
     return driver_overhead(free_before, free_after, reserved_before, reserved_after)
 
 
-def print_profile(rows: list[dict[str, Any]], chosen: int, title: str, console=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+def print_profile(rows: list[dict[str, Any]], chosen: int, title: str, console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title=title, title_justify="left")
     for column in ("batch", "update ms", "update samples/s", "epoch samples/s", "env steps/s", "peak memory", ""):
@@ -329,30 +317,35 @@ def print_profile(rows: list[dict[str, Any]], chosen: int, title: str, console=N
     console.print(table)
 
 
-def run_profile_command(args, config: Config) -> int:
-    """``fitdqn profile`` (see the module docstring); args from ``fitdqn.cli``."""
-    import json
+@dataclass(frozen=True)
+class ProfileResult:
+    """What :func:`profile_gpu` measured, chose and wrote (``path``)."""
 
-    from rich.console import Console
+    name: str
+    card: str
+    batch_size: int
+    path: Path
+    rows: list[dict[str, Any]]
+    driver_bytes: int | None
+    source: dict[str, Any]
+    seconds: float
 
-    from fitdqn.cli_args import DEST_PREFIX
-    from fitdqn.plan.calibrate import require_cuda
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "batch_size": self.batch_size, "path": str(self.path), "rows": self.rows,
+                "driver_bytes": self.driver_bytes, "source": self.source, "seconds": self.seconds}
 
-    console = Console()
-    if args.epochs_per_batch < 1 or args.update_iters < 1:
-        raise UserError("--epochs-per-batch and --update-iters must be at least 1")
-    batches = parse_batch_list(args.batches) if args.batches else None
-    device = probe(config.train.device)
-    require_cuda(device, "fitdqn profile measures step time")
-    steps_given = hasattr(args, DEST_PREFIX + "collect.steps_per_epoch")
-    config = profile_config(config, steps_given)
-    name = args.name or profile_name(device.name)
-    out = Path(args.out) if args.out else Path("profiles") / f"{name}.toml"
+
+def profile_gpu(config: Config, device: DeviceInfo, *, batches: list[int] | None, epochs_per_batch: int,
+                update_iters: int, name: str, out: Path, command: str, console: Console | None) -> ProfileResult:
+    """Measure ``config`` (see :func:`profile_config`) on ``device`` at ``batches`` (None: powers of two up to
+    the plan's largest, see the module docstring), choose the profile batch and write the profile TOML to
+    ``out``. ``command``: the command line recorded as the profile's source; ``console``: progress lines, or
+    None for none."""
+    if epochs_per_batch < 1 or update_iters < 1:
+        raise UserError(f"epochs_per_batch ({epochs_per_batch}) and update_iters ({update_iters}) must be at least 1")
     started = time.perf_counter()
-    rows, trainer, driver_bytes = measure_batches(config, device, batches, args.epochs_per_batch, args.update_iters,
-                                    None if args.json else console)
+    rows, trainer, driver_bytes = measure_batches(config, device, batches, epochs_per_batch, update_iters, console)
     chosen = choose_batch(rows)
-    command = "fitdqn " + " ".join(getattr(args, "argv", ["profile"]))
     source = {
         "kind": "measured",
         "description": f"measured by `fitdqn profile` on {device.name}: smallest batch within "
@@ -369,21 +362,8 @@ def run_profile_command(args, config: Config) -> int:
         "cuda_graphs": trainer.config.train.cuda_graphs,
         "precision": trainer.config.learn.precision,
     }
+    del trainer  # its replay and graphs go before the file is written
     text = profile_toml(name, device.name, chosen, device.total_bytes, source,
                         [r for r in rows if "error" not in r], driver_bytes=driver_bytes)
     write_profile(out, text)
-    if args.json:
-        print(json.dumps({"name": name, "batch_size": chosen, "path": str(out), "rows": rows,
-                          "driver_bytes": driver_bytes,
-                          "source": source, "seconds": time.perf_counter() - started}, indent=2))
-    else:
-        print_profile(rows, chosen, f"{device.name}: training throughput by batch size "
-                      f"({time.perf_counter() - started:.0f} s)", console)
-        if driver_bytes is not None:
-            console.print(f"driver-side bytes over the run: {format_bytes(driver_bytes)} (budgeted as cuda_driver)",
-                          highlight=False)
-        console.print(f"profile batch {chosen}: the smallest within {TOLERANCE:.0%} of the best epoch samples/s; "
-                      f"written to {out} (use it with --budget.profiles_dir {out.parent})", highlight=False)
-    del trainer
-    return 0
-
+    return ProfileResult(name, device.name, chosen, out, rows, driver_bytes, source, time.perf_counter() - started)

@@ -35,14 +35,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fitdqn.config import Config, TrainConfig, load_config, validate
-from fitdqn.device.probe import probe
+from fitdqn.device.probe import probe, resolve_device
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 from fitdqn.evaluate.compare import evaluate_split, time_text
 from fitdqn.evaluate.plots import plot_equity, plot_learning_curves
-from fitdqn.evaluate.report import TABLE_WIDTH, policy_label, run_markdown, split_verdict
+from fitdqn.evaluate.report import TABLE_WIDTH, metrics_table, policy_label, run_markdown, split_verdict
+from fitdqn.evaluate.walk_forward import fold_market, run_fold
 from fitdqn.files import remove_stale_temp_files
-from fitdqn.market.loader import Market
+from fitdqn.learn.learner import Learner
+from fitdqn.market.env import STATE_DIM
+from fitdqn.market.loader import Market, load_market
 from fitdqn.plan.report import plot_plan, print_plan
 from fitdqn.train import distributed
 from fitdqn.train.checkpoint import atomic_write_text, checkpoint_summary, load_checkpoint, save_checkpoint
@@ -411,8 +414,9 @@ def status_line(record: dict[str, Any]) -> str:
         f"upd {record.get('updates_per_s', 0):,.1f}/s",
         f"loss {record['loss']:.3f}" if "loss" in record else "filling replay",
     ]
-    if "validation_sharpe" in record:
-        parts.append(f"val Sharpe {record['validation_sharpe']:.2f}")
+    if "validation_sharpe" in record:  # None: no Sharpe (a ruined account, or no returns)
+        sharpe = record["validation_sharpe"]
+        parts.append("val Sharpe -" if sharpe is None else f"val Sharpe {sharpe:.2f}")
     if "gpu_memory_gib" in record:
         parts.append(f"mem {record['gpu_memory_gib']:.2f} GiB")
     return "  ".join(parts)
@@ -509,10 +513,6 @@ def print_report(console: Console, markdown: str) -> None:
 def load_network(run_dir: Path, device, which: str = "best"):
     """(config, learner, state) of a run directory: the best-by-validation network (best.pt), or ``which =
     'last'``: the latest checkpoint's."""
-    from fitdqn.learn.learner import Learner
-    from fitdqn.market.env import STATE_DIM
-    from fitdqn.market.loader import load_market
-
     config = resume_config(run_dir)
     path = run_dir / (BEST_NAME if which == "best" else CHECKPOINT_NAME)
     if which == "best" and not path.is_file():
@@ -534,11 +534,8 @@ def load_network(run_dir: Path, device, which: str = "best"):
 def evaluate_run(run_dir: Path, split: str, device_spec: str = "auto", console: Console | None = None,
                  network: str = "best") -> dict[str, Any]:
     """Backtest a run's network (``best`` by validation, or ``last``) on ``split`` beside the baselines;
-    writes ``evaluate_<split>.json``. A walk-forward fold's run uses its fold's ranges (fold.json)."""
-    from fitdqn.device.probe import resolve_device
-    from fitdqn.evaluate.report import metrics_table
-    from fitdqn.evaluate.walk_forward import fold_market, run_fold
-
+    writes ``evaluate_<split>.json``. A walk-forward fold's run uses its fold's ranges (fold.json). The result is
+    printed first, so a failed write loses nothing the user can read."""
     console = console or Console()
     device = resolve_device(device_spec)
     config, learner, market, state = load_network(run_dir, device, network)

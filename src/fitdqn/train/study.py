@@ -21,9 +21,9 @@ from fitdqn.config import Config
 from fitdqn.evaluate.report import study_markdown, study_summary, study_verdict
 from fitdqn.evaluate.walk_forward import FOLD_NAME, Fold, fold_market, folds_for, run_fold
 from fitdqn.market.data import bars_per_year
-from fitdqn.market.loader import Market, load_market
+from fitdqn.market.loader import Market, load_market, market_contract
 from fitdqn.train.checkpoint import atomic_write_text
-from fitdqn.train.run import print_report, train
+from fitdqn.train.run import evaluate_run, print_report, resume_config, train
 from fitdqn.train.trainer import CHECKPOINT_NAME, write_run_config
 
 STUDY_NAME = "study.json"
@@ -100,8 +100,6 @@ def evaluate_study(run_dir: Path, split: str, device_spec: str, console: Console
                    network: str = "best") -> dict[str, Any]:
     """``fitdqn evaluate`` on a study: every member's network on its own ``split`` (its fold's ranges), then
     the joint report (``evaluate_<split>.json`` and the printed verdict)."""
-    from fitdqn.train.run import evaluate_run, resume_config
-
     console = console or Console()
     config = resume_config(run_dir)
     listed = json.loads((run_dir / STUDY_NAME).read_text())
@@ -113,12 +111,10 @@ def evaluate_study(run_dir: Path, split: str, device_spec: str, console: Console
                         "pnl": pd.read_csv(sub / f"evaluate_{split}_pnl.csv")})
     summary = study_summary(members, config, members[0]["test"]["periods_per_year"])
     summary["verdict"] = study_verdict(summary, config)
+    print_report(console, study_markdown(summary, config, str(run_dir), _contract(config)))  # before the file
     atomic_write_text(run_dir / f"evaluate_{split}.json", json.dumps(summary, indent=2))
-    print_report(console, study_markdown(summary, config, str(run_dir), _contract(config)))
     return summary
 
 
 def _contract(config: Config):
-    from fitdqn.market.loader import market_contract
-
     return market_contract(config.market)  # 'auto' on a file: derived from its training bars

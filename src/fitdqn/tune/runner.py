@@ -34,6 +34,7 @@ import fitdqn
 from fitdqn.config import Config, config_to_dict
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
+from fitdqn.market.loader import load_market
 from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.tune.space import SearchSpace
 from fitdqn.tune.study import (
@@ -198,8 +199,6 @@ class TuneRun:
 
     def preflight(self) -> None:
         """The base config's bars load here once: a wrong --data is one error, not a study of failed trials."""
-        from fitdqn.market.loader import load_market
-
         load_market(self.base.market, window=self.base.net.window, device="cpu")
 
     # ------------------------------------------------------------------ trials

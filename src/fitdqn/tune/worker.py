@@ -30,6 +30,7 @@ from fitdqn.device.probe import configure_allocator, probe, resolve_device
 from fitdqn.errors import UserError
 from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.train.logs import read_jsonl
+from fitdqn.train.run import train
 from fitdqn.tune.study import make_pruner, open_storage
 
 SPEC_FILE = "trial.json"
@@ -72,8 +73,6 @@ def cap_memory(device_spec: str, fraction: float | None) -> None:
 
 def run_trial(spec: dict[str, Any], console: Console) -> dict[str, Any]:
     """Train the trial's run; the result the tune process records (state, value and what the run measured)."""
-    from fitdqn.train.run import train
-
     torch.set_num_threads(spec["threads"])
     config = config_from_dict(spec["config"])
     cap_memory(config.train.device, spec["memory_fraction"])

@@ -1,0 +1,70 @@
+"""The parser of every command, and the dispatch: parse, set torch's CPU threads, run the command, turn a user
+mistake, a file error or a signal into one line and an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from fitdqn import __version__
+from fitdqn.cli import act, bench, evaluate, export, gpu_profiles, plan, profile, train, tune
+from fitdqn.cli.common import set_threads
+from fitdqn.errors import UserError
+from fitdqn.files import describe_os_error
+
+COMMANDS = (plan, gpu_profiles, profile, train, evaluate, bench, tune, act, export)  # in --help's order
+EXIT_USER_ERROR = 2
+EXIT_FILE_ERROR = 1
+
+
+class Version(argparse.Action):
+    """``--version``: fitdqn's and torch's versions (torch is imported only when asked, so --help stays fast)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
+def version_text() -> str:
+    import torch  # only for --version: imported when asked, so `fitdqn --help` stays fast
+
+    return f"fitdqn {__version__} (torch {torch.__version__})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fitdqn",
+        description="GPU-native distributional DQN for futures trading that plans every byte of GPU memory "
+        "before it allocates, and picks the batch size last. `fitdqn COMMAND --help` for a command's common "
+        "options, `--help-all` for every one.",
+    )
+    parser.add_argument("--version", action=Version, help="show fitdqn's and torch's versions and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        command.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    set_threads(0)  # auto (OMP_NUM_THREADS, else the usable cores); train.threads re-sets it in config_for
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for provenance (fitdqn profile writes it)
+    try:
+        return args.run(args)
+    except UserError as error:
+        print(f"fitdqn {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except BrokenPipeError:  # `fitdqn plan --json | head`: the reader left; nothing is lost
+        sys.stderr.close()
+        return 0
+    except OSError as error:  # a full disk, a read-only folder, no permission: one line, not a traceback
+        print(f"fitdqn {args.command}: error: {describe_os_error(error, doing='file error at')}", file=sys.stderr)
+        return EXIT_FILE_ERROR
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM during a run (fitdqn.train.run.Interrupted)
+        signum = getattr(error, "signum", signal.SIGINT)
+        print(f"fitdqn {args.command}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum

@@ -1,0 +1,27 @@
+"""The fused operators, one module each: the reference maths in plain PyTorch, the ``torch.library`` custom op
+(``fitdqn::...``) with its fake kernel (what the GPU kernel allocates, so a memory trace on fake tensors sees
+it), and beside it, in ``<op>_triton.py``, the Triton kernel, imported on first use on CUDA.
+
+- :mod:`fitdqn.ops.iqn`: the IQN head's quantile network (``fitdqn::iqn_quantile_head`` and its backward);
+- :mod:`fitdqn.ops.attention`: the last-token attention core (``fitdqn::last_token_attention`` and its backward);
+- :mod:`fitdqn.ops.projection`: C51's projection (``fitdqn::categorical_projection``);
+- :mod:`fitdqn.ops.quantile_huber`: IQN's quantile Huber loss (``fitdqn::quantile_huber``);
+- :mod:`fitdqn.ops.sum_tree`: the sum tree's ancestor rebuild (in place; a plain function, not an operator);
+- :mod:`fitdqn.ops.kernels`: ``net.kernels`` resolved for a device, and the lazy import of the Triton modules.
+
+Networks (:mod:`fitdqn.nets`), losses (:mod:`fitdqn.learn.losses`) and the replay import these, never the
+reverse: this package imports only torch, :mod:`fitdqn.errors` and its own modules. Importing it registers every
+operator.
+"""
+
+from fitdqn.ops.attention import last_token_attention
+from fitdqn.ops.iqn import QuantileHeadFunction, cosine_embedding, iqn_quantile_head
+from fitdqn.ops.kernels import FUSED_DTYPES, KERNELS, resolve_kernels, triton_available
+from fitdqn.ops.projection import project_dense, project_positions
+from fitdqn.ops.quantile_huber import QuantileHuber, quantile_huber, quantile_huber_sorted
+
+__all__ = [
+    "FUSED_DTYPES", "KERNELS", "QuantileHeadFunction", "QuantileHuber", "cosine_embedding", "iqn_quantile_head",
+    "last_token_attention", "project_dense", "project_positions", "quantile_huber", "quantile_huber_sorted",
+    "resolve_kernels", "triton_available",
+]

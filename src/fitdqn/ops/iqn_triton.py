@@ -1,0 +1,223 @@
+"""Triton kernels of the fused IQN head (``fitdqn::iqn_quantile_head`` on CUDA): nothing ``[B, N, d]`` is written.
+
+Rows are (sample, quantile) pairs; a tile is ``TILE_ROWS`` = 64 of them: S = 64 / BN whole samples x BN
+quantiles (BN = N rounded up to a power of two, at most 64; a larger N takes several quantile blocks per
+sample). The model width d is walked in slices of D columns (64 forward, 128 backward), E (64) and O (15) are
+padded to powers of two of at least 16 (``tl.dot``'s smallest). Numerics follow the chunked path: cosines in fp32 from
+the taus, then every ``tl.dot`` takes ``dtype`` inputs (bf16 under autocast) and accumulates in fp32;
+phi = relu(pre) and h = phi * psi are rounded to ``dtype`` as the chunked path's tensors are. The chunked path
+also rounds each GEMM's output (Z, dh, per-chunk weight gradients) to ``dtype``; these kernels keep them fp32.
+
+Forward (``_forward_kernel``), grid ``[tiles, quantile blocks]``, one tile per program:
+cos ``[64, E]`` in registers; per d slice: ``pre = cos @ embed_w.T + embed_b``, ``phi = relu(pre)``,
+``h = phi * psi[b]``, ``out += h @ out_w.T`` (``[64, 16]`` fp32); then ``out + out_b`` is stored ``[B, N, O]``.
+
+Backward (``_backward_kernel``), grid ``[P, d / 128]``: program (p, c) owns d slice c
+and whole samples (tiles p, p + P, ...), so it writes grad features ``[B, d]`` itself, no atomics. It keeps
+its slice of embed_w, embed_b and out_w in registers and, per tile, recomputes cos and phi, loads g (the
+gradient ``[64, O]``), and: ``dh = g @ out_w[:, c]``; ``grad_features[b, c] = sum_n dh * phi``;
+``d_pre = dh * psi * (phi > 0)``; accumulates ``d_pre.T @ cos`` (embed_w), ``g.T @ h`` (out_w) and ``sum g``
+(out_b) in fp32 registers and stores them once into its row of the ``[P, ...]`` partial sums (the op's
+autograd backward sums them over P). The cosines are recomputed once per d slice (twice at d = 256).
+psi is loaded once per sample and d slice and repeated over the sample's rows in registers.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fitdqn.ops.iqn import tile_geometry
+from fitdqn.ops.kernels import on_device
+
+# Launch shapes, timed on an H200 (Triton 3.6, bf16, B = 8192, N = 64, d = 256; benchmarks/tune_kernels.py,
+# BENCHMARKS.md): forward 0.165 ms at 64-column slices, 4 warps, 2 stages (3 stages 0.183, 128 columns 0.194,
+# 8 warps 0.323). Backward 1.32 ms at 128-column slices, 4 warps, 2 stages; 64 columns 1.40-1.63 ms (1-3
+# stages), 32 columns 2.27-2.32 ms, 8 warps 1.75-3.69 ms; the number of batch programs P moved it by less than
+# 3 % from 128 up (33 programs: 2.9 ms). The wide slices spill registers (ptxas -v of Triton 3.9 for sm_90: the
+# 32-column backward takes 246 registers, wider ones more than 255), but recompute the cosines and reload the
+# tile's rows fewer times (twice at d = 256). A 64-row tile is one warpgroup's wgmma: 8 warps hold it twice.
+FORWARD_BLOCK_D, FORWARD_WARPS, FORWARD_STAGES = 64, 4, 2
+BACKWARD_BLOCK_D, BACKWARD_WARPS, BACKWARD_STAGES = 128, 4, 2
+PRECISION = "ieee"  # fp32 compute (no autocast): exact fp32 products, like torch's default matmul
+_TRITON_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def fused_quantiles(features: torch.Tensor, taus: torch.Tensor, frequencies: torch.Tensor, embed_w: torch.Tensor,
+                    embed_b: torch.Tensor, out_w: torch.Tensor, out_b: torch.Tensor, dtype: torch.dtype
+                    ) -> torch.Tensor:
+    """``features [B, d]``, ``taus [B, N]`` -> ``[B, N, O]`` fp32, matmuls in ``dtype``."""
+    batch, quantiles = taus.shape
+    (d_model, embedding), outputs = embed_w.shape, out_w.shape[0]
+    out = torch.empty(batch, quantiles, outputs, device=features.device, dtype=torch.float32)
+    if out.numel() == 0:
+        return out
+    geometry = tile_geometry(batch, quantiles)
+    with on_device(features):
+        _forward_kernel[(geometry.tiles, geometry.quantile_blocks)](
+            features, features.stride(0), features.stride(1), taus, taus.stride(0), taus.stride(1), frequencies,
+            embed_w.contiguous(), embed_b, out_w.contiguous(), out_b, out,
+            batch, quantiles, embedding, d_model, outputs,
+            **_blocks(geometry, embedding, outputs, dtype), BLOCK_D=FORWARD_BLOCK_D, num_warps=FORWARD_WARPS,
+            num_stages=FORWARD_STAGES,
+        )
+    return out
+
+
+def fused_quantile_grads(grad_out: torch.Tensor, features: torch.Tensor, taus: torch.Tensor,
+                         frequencies: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor,
+                         out_w: torch.Tensor, dtype: torch.dtype
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``grad_out [B, N, O]`` -> grad features ``[B, d]`` and partial sums ``[P, d, E]``, ``[P, O, d]``,
+    ``[P, O]`` of the gradients of embed_w, out_w and out_b, all fp32 (``fitdqn.ops.iqn``)."""
+    batch, quantiles = taus.shape
+    (d_model, embedding), outputs = embed_w.shape, out_w.shape[0]
+    geometry = tile_geometry(batch, quantiles)
+    programs = geometry.programs
+    empty = lambda *shape: torch.empty(shape, device=features.device, dtype=torch.float32)  # noqa: E731
+    grad_x = empty(batch, d_model)  # [B, d]
+    w1_parts, w2_parts, b2_parts = empty(programs, d_model, embedding), empty(programs, outputs, d_model), \
+        empty(programs, outputs)  # [P, d, E], [P, O, d], [P, O]
+    if programs == 0 or quantiles == 0:  # no rows: zero gradients, nothing to launch
+        return grad_x.zero_(), w1_parts.zero_(), w2_parts.zero_(), b2_parts.zero_()
+    with on_device(features):
+        _backward_kernel[(programs, triton.cdiv(d_model, BACKWARD_BLOCK_D))](
+            grad_out, grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
+            features, features.stride(0), features.stride(1), taus, taus.stride(0), taus.stride(1), frequencies,
+            embed_w.contiguous(), embed_b, out_w.contiguous(),
+            grad_x, w1_parts, w2_parts, b2_parts,
+            batch, quantiles, embedding, d_model, outputs, geometry.tiles, programs,
+            **_blocks(geometry, embedding, outputs, dtype), BLOCK_D=BACKWARD_BLOCK_D, num_warps=BACKWARD_WARPS,
+            num_stages=BACKWARD_STAGES,
+        )
+    return grad_x, w1_parts, w2_parts, b2_parts
+
+
+def _blocks(geometry, embedding: int, outputs: int, dtype: torch.dtype) -> dict:
+    return dict(SAMPLES=geometry.samples, BLOCK_N=geometry.block_quantiles,
+                BLOCK_E=max(16, triton.next_power_of_2(embedding)),
+                BLOCK_O=max(16, triton.next_power_of_2(outputs)), COMPUTE=_TRITON_DTYPES[dtype], PRECISION=PRECISION)
+
+
+@triton.jit
+def _rows(tile, quantile_block, batch, quantiles, SAMPLES: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tile's rows: sample and quantile indices ``[S * BN]`` and which of them exist."""
+    row = tl.arange(0, SAMPLES * BLOCK_N)
+    sample = tile * SAMPLES + row // BLOCK_N
+    quantile = quantile_block * BLOCK_N + row % BLOCK_N
+    return sample, quantile, (sample < batch) & (quantile < quantiles)
+
+
+@triton.jit
+def _cosines(taus_ptr, stride_tb, stride_tn, frequencies_ptr, sample, quantile, valid, embedding,
+             BLOCK_E: tl.constexpr, COMPUTE: tl.constexpr):
+    """``cos(pi * i * tau)`` ``[rows, E]``: fp32 from the taus, then rounded to the compute dtype."""
+    tau = tl.load(taus_ptr + sample * stride_tb + quantile * stride_tn, mask=valid, other=0.0).to(tl.float32)
+    e = tl.arange(0, BLOCK_E)
+    frequency = tl.load(frequencies_ptr + e, mask=e < embedding, other=0.0).to(tl.float32)  # pi * i
+    return tl.cos(tau[:, None] * frequency[None, :]).to(COMPUTE)
+
+
+@triton.jit
+def _features(features_ptr, stride_fb, stride_fd, tile, columns, batch, d_model, SAMPLES: tl.constexpr,
+              BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr):
+    """psi(s) of the tile's samples on a d slice, loaded once per sample (``[S, D]``) and repeated over each
+    sample's rows: ``[rows, D]`` in the compute dtype."""
+    samples = tile * SAMPLES + tl.arange(0, SAMPLES)
+    mask = (samples < batch)[:, None] & (columns < d_model)[None, :]
+    psi = tl.load(features_ptr + samples[:, None] * stride_fb + columns[None, :] * stride_fd, mask=mask, other=0.0)
+    psi = psi.to(COMPUTE)  # [S, D]
+    if SAMPLES == 1:
+        return tl.broadcast_to(psi, (BLOCK_N, psi.shape[1]))
+    return tl.reshape(tl.broadcast_to(psi[:, None, :], (SAMPLES, BLOCK_N, psi.shape[1])),
+                      (SAMPLES * BLOCK_N, psi.shape[1]))
+
+
+@triton.jit
+def _forward_kernel(
+    features_ptr, stride_fb, stride_fd, taus_ptr, stride_tb, stride_tn, frequencies_ptr,
+    embed_w_ptr, embed_b_ptr, out_w_ptr, out_b_ptr, out_ptr,
+    batch, quantiles, embedding, d_model, outputs,
+    SAMPLES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_O: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    sample, quantile, valid = _rows(tl.program_id(0), tl.program_id(1), batch, quantiles, SAMPLES, BLOCK_N)
+    cos = _cosines(taus_ptr, stride_tb, stride_tn, frequencies_ptr, sample, quantile, valid, embedding,
+                   BLOCK_E, COMPUTE)  # [R, E]
+    e = tl.arange(0, BLOCK_E)
+    o = tl.arange(0, BLOCK_O)
+    out = tl.zeros((SAMPLES * BLOCK_N, BLOCK_O), dtype=tl.float32)  # [R, O]
+    for start in range(0, d_model, BLOCK_D):
+        columns = start + tl.arange(0, BLOCK_D)
+        column_ok = columns < d_model
+        w1t = tl.load(embed_w_ptr + columns[None, :] * embedding + e[:, None],
+                      mask=column_ok[None, :] & (e[:, None] < embedding), other=0.0).to(COMPUTE)  # [E, D]
+        b1 = tl.load(embed_b_ptr + columns, mask=column_ok, other=0.0).to(COMPUTE).to(tl.float32)  # [D]
+        pre = tl.dot(cos, w1t, input_precision=PRECISION) + b1[None, :]  # [R, D] fp32
+        phi = tl.maximum(pre, 0.0).to(COMPUTE).to(tl.float32)
+        psi = _features(features_ptr, stride_fb, stride_fd, tl.program_id(0), columns, batch, d_model, SAMPLES,
+                        BLOCK_N, COMPUTE)
+        h = (phi * psi.to(tl.float32)).to(COMPUTE)  # [R, D]
+        w2t = tl.load(out_w_ptr + o[None, :] * d_model + columns[:, None],
+                      mask=column_ok[:, None] & (o[None, :] < outputs), other=0.0).to(COMPUTE)  # [D, O]
+        out = tl.dot(h, w2t, out, input_precision=PRECISION)
+    b2 = tl.load(out_b_ptr + o, mask=o < outputs, other=0.0).to(COMPUTE).to(tl.float32)  # [O]
+    out = out + b2[None, :]
+    row = sample * quantiles + quantile
+    tl.store(out_ptr + row[:, None] * outputs + o[None, :], out, mask=valid[:, None] & (o[None, :] < outputs))
+
+
+@triton.jit
+def _backward_kernel(
+    grad_ptr, stride_gb, stride_gn, stride_go, features_ptr, stride_fb, stride_fd, taus_ptr, stride_tb, stride_tn,
+    frequencies_ptr, embed_w_ptr, embed_b_ptr, out_w_ptr,
+    grad_features_ptr, w1_parts_ptr, w2_parts_ptr, b2_parts_ptr,
+    batch, quantiles, embedding, d_model, outputs, tiles, programs,
+    SAMPLES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_O: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    program = tl.program_id(0)
+    columns = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    column_ok = columns < d_model
+    e = tl.arange(0, BLOCK_E)
+    o = tl.arange(0, BLOCK_O)
+    w1t = tl.load(embed_w_ptr + columns[None, :] * embedding + e[:, None],
+                  mask=column_ok[None, :] & (e[:, None] < embedding), other=0.0).to(COMPUTE)  # [E, D]
+    b1 = tl.load(embed_b_ptr + columns, mask=column_ok, other=0.0).to(COMPUTE).to(tl.float32)  # [D]
+    w2 = tl.load(out_w_ptr + o[:, None] * d_model + columns[None, :],
+                 mask=(o[:, None] < outputs) & column_ok[None, :], other=0.0).to(COMPUTE)  # [O, D]
+    grad_w1 = tl.zeros((BLOCK_D, BLOCK_E), dtype=tl.float32)  # [D, E]
+    grad_w2 = tl.zeros((BLOCK_O, BLOCK_D), dtype=tl.float32)  # [O, D]
+    grad_b2 = tl.zeros((BLOCK_O,), dtype=tl.float32)  # [O]
+    for tile in range(program, tiles, programs):
+        grad_psi = tl.zeros((SAMPLES, BLOCK_D), dtype=tl.float32)  # [S, D]
+        for quantile_block in range(0, tl.cdiv(quantiles, BLOCK_N)):
+            sample, quantile, valid = _rows(tile, quantile_block, batch, quantiles, SAMPLES, BLOCK_N)
+            cos = _cosines(taus_ptr, stride_tb, stride_tn, frequencies_ptr, sample, quantile, valid, embedding,
+                           BLOCK_E, COMPUTE)  # [R, E]
+            phi = tl.maximum(tl.dot(cos, w1t, input_precision=PRECISION) + b1[None, :], 0.0)
+            phi = phi.to(COMPUTE).to(tl.float32)  # [R, D]
+            psi = _features(features_ptr, stride_fb, stride_fd, tile, columns, batch, d_model, SAMPLES, BLOCK_N,
+                            COMPUTE).to(tl.float32)  # [R, D]
+            g = tl.load(grad_ptr + sample[:, None] * stride_gb + quantile[:, None] * stride_gn + o[None, :] * stride_go,
+                        mask=valid[:, None] & (o[None, :] < outputs), other=0.0).to(tl.float32)  # [R, O]
+            grad_b2 += tl.sum(g, axis=0)
+            g = g.to(COMPUTE)
+            d_h = tl.dot(g, w2, input_precision=PRECISION)  # [R, D]: gradient w.r.t. h = phi * psi
+            if SAMPLES == 1:
+                grad_psi += tl.sum(d_h * phi, axis=0)[None, :]
+            else:
+                grad_psi += tl.sum(tl.reshape(d_h * phi, (SAMPLES, BLOCK_N, BLOCK_D)), axis=1)
+            d_pre = tl.where(phi > 0, d_h * psi, 0.0).to(COMPUTE)  # [R, D]: through the product and ReLU
+            grad_w1 = tl.dot(tl.trans(d_pre), cos, grad_w1, input_precision=PRECISION)
+            grad_w2 = tl.dot(tl.trans(g), (phi * psi).to(COMPUTE), grad_w2, input_precision=PRECISION)
+        samples = tile * SAMPLES + tl.arange(0, SAMPLES)
+        tl.store(grad_features_ptr + samples[:, None] * d_model + columns[None, :], grad_psi,
+                 mask=(samples < batch)[:, None] & column_ok[None, :])
+    tl.store(w1_parts_ptr + program * d_model * embedding + columns[:, None] * embedding + e[None, :], grad_w1,
+             mask=column_ok[:, None] & (e[None, :] < embedding))
+    tl.store(w2_parts_ptr + program * outputs * d_model + o[:, None] * d_model + columns[None, :], grad_w2,
+             mask=(o[:, None] < outputs) & column_ok[None, :])
+    if tl.program_id(1) == 0:  # every d slice summed the same g: one stores it
+        tl.store(b2_parts_ptr + program * outputs + o, grad_b2, mask=o < outputs)

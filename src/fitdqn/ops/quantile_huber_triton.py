@@ -1,0 +1,78 @@
+"""Triton kernel of the quantile Huber loss (``fitdqn::quantile_huber`` on CUDA): the pairwise form, in registers.
+
+The closed form of :func:`fitdqn.ops.quantile_huber.quantile_huber_sorted` avoids the pairwise ``[B, N, N', C]``
+tensors in memory at the price of a sort, prefix sums, three binary searches and about forty float64 passes over
+``[B, C, N]`` (0.73 ms of the update at batch 8192 on an H200). Here one program owns one sample: for each of its
+C columns it loads the N predictions, the N' targets and the N levels, forms the ``[N, N']`` pairs in registers
+(64 x 64 = 4096 numbers: nothing is written but the results) and reduces them at once:
+
+    u_ij = t_j - p_i,   rho_ij = |tau_i - 1{u_ij < 0}| * Huber_kappa(u_ij) / kappa
+    loss_b = mean_c sum_i mean_j rho_ij             (the reduction of ``quantile_huber_loss``)
+    d loss_b / d p_i = -mean_j |tau_i - 1{u_ij < 0}| * clamp(u_ij, -kappa, kappa) / (kappa * C)
+
+in fp32 (sums of 64 terms: far inside fp32's precision). Grid ``[B]``, ``WARPS`` warps per program (timed on an
+H200 at B = 8192, N = N' = 64, 3 columns: 1 warp 0.739 ms, 2 warps 0.278, 4 warps 0.323, 8 warps 0.351).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fitdqn.ops.kernels import on_device
+
+WARPS = 2
+
+
+def fused_quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pred [B, N, ...]``, ``target [B, N', ...]``, ``taus [B, N]`` -> loss ``[B]`` and d loss / d pred
+    ``[B, N, ...]``, both in pred's dtype."""
+    batch, quantiles = pred.shape[:2]
+    targets = target.shape[1]
+    p = pred.reshape(batch, quantiles, -1).contiguous()  # [B, N, C]
+    t = target.reshape(batch, targets, -1).contiguous()  # [B, N', C]
+    levels = taus.contiguous()  # [B, N]
+    columns = p.shape[-1]
+    loss = torch.empty(batch, device=pred.device, dtype=torch.float32)
+    grad = torch.empty(p.shape, device=pred.device, dtype=torch.float32)
+    if batch and quantiles and targets and columns:
+        with on_device(pred):
+            _quantile_huber_kernel[(batch,)](
+                p, t, levels, loss, grad, quantiles, targets, float(kappa), 1.0 / (kappa * targets * columns),
+                COLUMNS=columns, BLOCK_N=_block(quantiles), BLOCK_M=_block(targets), num_warps=WARPS,
+            )
+    else:
+        loss.zero_()
+        grad.zero_()
+    return loss.to(pred.dtype), grad.view(pred.shape).to(pred.dtype)
+
+
+def _block(size: int) -> int:
+    return max(triton.next_power_of_2(size), 16)
+
+
+@triton.jit
+def _quantile_huber_kernel(pred_ptr, target_ptr, taus_ptr, loss_ptr, grad_ptr, N, M, kappa, scale,
+                           COLUMNS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    sample = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_N)  # predictions
+    j = tl.arange(0, BLOCK_M)  # targets
+    valid_i = i < N
+    valid_j = j < M
+    valid = valid_i[:, None] & valid_j[None, :]  # [BN, BM]
+    tau = tl.load(taus_ptr + sample * N + i, mask=valid_i, other=0.0).to(tl.float32)  # [BN]
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for column in tl.static_range(COLUMNS):
+        p = tl.load(pred_ptr + (sample * N + i) * COLUMNS + column, mask=valid_i, other=0.0).to(tl.float32)
+        t = tl.load(target_ptr + (sample * M + j) * COLUMNS + column, mask=valid_j, other=0.0).to(tl.float32)
+        u = t[None, :] - p[:, None]  # [BN, BM]
+        magnitude = tl.abs(u)
+        huber = tl.where(magnitude <= kappa, 0.5 * u * u, kappa * (magnitude - 0.5 * kappa))
+        weight = tl.abs(tau[:, None] - tl.where(u < 0.0, 1.0, 0.0))
+        weight = tl.where(valid, weight, 0.0)
+        total += tl.sum(weight * huber, axis=1)
+        slope = tl.sum(weight * tl.minimum(tl.maximum(u, -kappa), kappa), axis=1)  # [BN]
+        tl.store(grad_ptr + (sample * N + i) * COLUMNS + column, -slope * scale, mask=valid_i)
+    tl.store(loss_ptr + sample, tl.sum(total, axis=0) * scale)

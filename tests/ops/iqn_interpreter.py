@@ -1,0 +1,129 @@
+"""The fused IQN head's Triton kernels on the CPU, under Triton's interpreter: run as a script by
+``test_iqn_fused.py`` (``python iqn_interpreter.py`` with ``TRITON_INTERPRET=1``), prints one JSON line.
+
+Why a separate process: Triton reads ``TRITON_INTERPRET`` when a kernel is *defined* (``@triton.jit``
+returns an interpreted function only if it is set then), and the setting holds for the whole process; the
+test process must keep the compiled kernels for its CUDA tests and never redefines them.
+
+In this process the Triton launchers are registered as the *CPU* kernels of ``fitdqn::iqn_quantile_head`` and
+its backward op, so ``IQNHead(fused=True)`` runs operator, autograd and kernels end to end on CPU tensors.
+Two gaps of the interpreter (Triton 3.x) are patched to behave as the GPU does: it multiplies the raw bits of
+bf16 ``tl.dot`` operands (triton-lang/triton#11584: bf16 arithmetic is unsupported there), and it casts fp32
+to bf16 by truncation where the GPU rounds to nearest even.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+
+import torch
+
+# (name, batch, quantiles, d_model, embedding, outputs, compute dtype, backward programs (None: default))
+CASES = [
+    ("fp32-B3-N64", 3, 64, 256, 64, 15, "float32", None),
+    ("fp32-B5-N32", 5, 32, 256, 64, 15, "float32", None),  # acting K: 2 samples a tile, B odd
+    ("fp32-B2-N100", 2, 100, 256, 64, 15, "float32", None),  # 2 quantile blocks a sample, masked
+    ("fp32-B9-N64-loop", 9, 64, 256, 64, 15, "float32", 4),  # each backward program loops over 2-3 tiles
+    ("fp32-B19-N8-small", 19, 8, 16, 8, 15, "float32", None),  # d, E below a block; 8 samples a tile
+    ("bf16-B3-N64", 3, 64, 256, 64, 15, "bfloat16", None),
+    ("bf16-B7-N32", 7, 32, 256, 64, 15, "bfloat16", None),
+    ("bf16-B9-N64-loop", 9, 64, 256, 64, 15, "bfloat16", 4),
+    ("fp16-B3-N64", 3, 64, 256, 64, 15, "float16", None),
+]
+RESULTS = ("out", "grad_features", "grad_embed_w", "grad_embed_b", "grad_out_w", "grad_out_b")
+
+
+def patch_interpreter_bf16() -> None:
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    create_dot, cast_impl = builder.create_dot, builder.cast_impl
+
+    def as_fp32(handle):
+        if handle.dtype.scalar != tl.bfloat16:
+            return handle
+        values = interpreter._convert_float(handle.data, tl.bfloat16, tl.float32, None).view(np.float32)
+        return interpreter.TensorHandle(values, tl.float32)
+
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, as_fp32(a), as_fp32(b), d, input_precision, max_num_imprecise_acc)
+
+    def cast(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:  # round to nearest even
+            bits = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16).view(torch.int16)
+            return interpreter.TensorHandle(bits.numpy().view(np.uint16), tl.bfloat16)
+        return cast_impl(self, src, dst_type)
+
+    builder.create_dot, builder.cast_impl = dot, cast
+
+
+def use_triton_on_cpu() -> None:
+    from fitdqn.ops import iqn as ops_iqn
+    from fitdqn.ops import iqn_triton
+
+    def forward(features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype):
+        return iqn_triton.fused_quantiles(features, taus, frequencies, embed_w, embed_b, out_w, out_b, dtype)
+
+    def backward(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype):
+        return iqn_triton.fused_quantile_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, dtype)
+
+    ops_iqn.iqn_quantile_head.register_kernel("cpu", forward)
+    ops_iqn.iqn_quantile_head_backward.register_kernel("cpu", backward)
+
+
+def head_results(head, features, taus, upstream, dtype):
+    """Output and gradients (features, embed w/b, out w/b) of ``(head(...) * upstream).sum()``: the head at
+    ``dtype`` (bf16, fp16: CPU autocast), or its plain reference in fp32 (``dtype`` None)."""
+    features = features.detach().requires_grad_()
+    if dtype is None:  # the oracle
+        out = head.reference(features, taus)
+    else:
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            out = head(features, taus)
+    grads = torch.autograd.grad((out * upstream).sum(), [features, *head.parameters()])
+    return [out.detach(), *grads]
+
+
+def run_case(name, batch, quantiles, d_model, embedding, outputs, dtype_name, programs):
+    from fitdqn.nets.iqn import IQNHead
+    from fitdqn.ops import iqn as ops_iqn
+
+    ops_iqn.WEIGHT_GRAD_PROGRAMS = programs or 128
+    dtype = getattr(torch, dtype_name)
+    torch.manual_seed(0)
+    head = IQNHead(d_model, embedding, outputs, chunk=16, fused=True)
+    features, taus = torch.randn(batch, d_model), torch.rand(batch, quantiles)
+    upstream = torch.randn(batch, quantiles, outputs)
+    fused = head_results(head, features, taus, upstream, dtype)
+    chunked_head = copy.deepcopy(head)
+    chunked_head.fused = False
+    chunked = head_results(chunked_head, features, taus, upstream, dtype)
+    # the oracle in fp32, from the same fp32 cosines: fp64 would move the phase of cos(pi * i * tau) at
+    # i = 63 by ~1e-5 and flip a ReLU here and there (a gradient jump that both fp32 paths share)
+    reference = head_results(head, features, taus, upstream, None)
+
+    def relative(values):
+        return {key: ((value.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+                for key, value, ref in zip(RESULTS, values, reference, strict=True)}
+
+    return {"fused": relative(fused), "chunked": relative(chunked),
+            "shapes": [list(value.shape) for value in fused], "dtypes": [str(value.dtype) for value in fused],
+            "programs": ops_iqn.tile_geometry(batch, quantiles).programs}
+
+
+def main() -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.ops.iqn_triton" in sys.modules:
+        raise SystemExit("run with TRITON_INTERPRET=1 in a fresh process")
+    patch_interpreter_bf16()
+    use_triton_on_cpu()
+    results = {case[0]: run_case(*case) for case in CASES}
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
