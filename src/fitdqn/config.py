@@ -260,6 +260,12 @@ class TrainConfig:
         "at the split's first price (no leverage at full size)", ge=0
     )
     out: str = knob("", "run directory; empty = runs/<date>-<time>; an existing run is only continued by --resume")
+    gpus: int = knob(
+        1, "data-parallel processes, one per GPU (on the CPU: gloo processes): N > 1 launches torchrun with N "
+        "ranks; under torchrun its world size is used", ge=1)
+    dist_timeout: float = knob(
+        1800.0, "seconds a rank waits for the others (gradient all-reduce, barriers; rank 0 alone validates, "
+        "checkpoints and reports meanwhile) before the job ends with an error", gt=0)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ ALIASES: dict[str, str] = {
     "train.minutes": "--minutes",
     "train.seed": "--seed",
     "train.out": "--out",
+    "train.gpus": "--gpus",
     "evaluate.seeds": "--seeds",
     "evaluate.folds": "--folds",
 }

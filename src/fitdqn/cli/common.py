@@ -13,7 +13,7 @@ HELP_WIDTH = 100
 # config options every command's --help shows (the rest: --help-all)
 COMMON_KNOBS = ("budget.batch_size", "market.data", "market.contract", "train.device", "train.seed", "train.threads")
 TRAIN_KNOBS = ("train.epochs", "train.minutes", "train.out", "train.sample_reuse", "collect.num_envs", "learn.lr",
-               "learn.risk")
+               "learn.risk", "train.gpus")
 
 Commands = argparse._SubParsersAction  # what `add_subparsers` returns: each command module registers on it
 

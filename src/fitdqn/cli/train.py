@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fitdqn.cli.args import add_config_arguments
 from fitdqn.cli.common import COMMON_KNOBS, TRAIN_KNOBS, Commands, add_command, config_for
+from fitdqn.errors import UserError
 
 
 def add_parser(commands: Commands) -> argparse.ArgumentParser:
@@ -30,8 +31,8 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     # the trainer imports torch: imported when the command runs, so `fitdqn --help` stays fast
+    from fitdqn.train import distributed, study
     from fitdqn.train import run as runs
-    from fitdqn.train import study
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -41,6 +42,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = config_for(args)
         run_dir = Path(config.train.out) if config.train.out else runs.default_run_dir()
+    if config.train.gpus > 1 or distributed.world_size_of() > 1:  # data parallel (fitdqn.train.distributed)
+        if study.is_study(config):
+            raise UserError("--seeds/--folds train one run after another: give them without --gpus")
+        if not distributed.launched_by_torchrun():
+            return distributed.launch(config.train.gpus, config.train.device, args.argv)
     if study.is_study(config):  # --seeds / --folds: several runs under run_dir, one report (continues where it was)
         study.run_study(config, run_dir)
     else:  # a walk-forward member resumes on its own fold's bars

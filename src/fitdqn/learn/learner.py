@@ -27,7 +27,8 @@ What one update does, in order:
    the weighted means of each part.
 3. New priorities ``[B]`` = the per-sample C51 cross-entropy averaged over branches (Rainbow's choice: the
    distributional analogue of |TD|), before ``^alpha``.
-4. Gradient-norm clip (``learn.grad_clip``; ``grad_norm`` is the norm before clipping), one Adam step over
+4. Data-parallel runs: the gradients averaged across ranks (``gradient_sync``, one all-reduce).
+5. Gradient-norm clip (``learn.grad_clip``; ``grad_norm`` is the norm before clipping), one Adam step over
    all trainable parameters (online Q net + V net), the step counter, then the target update
    (:mod:`fitdqn.learn.target`). Learning rate and target rate follow the batch
    (:meth:`Learner.set_batch_size`, rules in :mod:`fitdqn.learn.schedule`).
@@ -39,6 +40,7 @@ construction too, for the same reasons.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -82,6 +84,9 @@ class Learner:
             self.params, lr=self.learn_config.lr, eps=self.learn_config.adam_eps, capturable=cuda, fused=True
         )
         self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # updates done
+        # data-parallel runs: averages the gradients across ranks, between backward and the clip/step (set by
+        # the trainer from fitdqn.train.distributed; captured with the update on CUDA); None: one process
+        self.gradient_sync: Callable[[], None] | None = None
         self._init_grads_and_optimizer()
         self.set_batch_size(self.learn_config.base_batch)
 
@@ -120,6 +125,8 @@ class Learner:
             iql_loss = (weight * iql).mean()
             loss = c51_loss + cfg.iqn_loss_weight * iqn_loss + cfg.iql_loss_weight * iql_loss
         loss.backward()
+        if self.gradient_sync is not None:
+            self.gradient_sync()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
         self.optimizer.step()
         self.step.add_(1)

@@ -47,6 +47,7 @@ from fitdqn.learn.learner import Learner
 from fitdqn.market.env import STATE_DIM
 from fitdqn.market.loader import Market, load_market
 from fitdqn.plan.report import plot_plan, print_plan
+from fitdqn.train import distributed
 from fitdqn.train.checkpoint import atomic_write_text, checkpoint_summary, load_checkpoint, save_checkpoint
 from fitdqn.train.logs import METRICS_NAME, TENSORBOARD_DIR, RunLogger, read_jsonl
 from fitdqn.train.memory_check import format_rows, peak_memory_row
@@ -194,6 +195,7 @@ def save(trainer: Trainer, run_dir: Path, logger: RunLogger, replay: bool = True
     if not replay:
         state.pop("replay")
     state["logs"] = {"records": logger.records}
+    state[distributed.WORLD_SIZE_KEY] = distributed.world_size_of()
     save_checkpoint(run_dir / CHECKPOINT_NAME, state)
     return state
 
@@ -218,6 +220,7 @@ def checked_resume_state(config: Config, run_dir: Path, device: torch.device) ->
         raise UserError(f"cannot resume: no {CHECKPOINT_NAME} in '{run_dir}'; start a new run without --resume")
     remove_stale_temp_files(run_dir)  # a write killed midway: it never replaced anything
     state = load_checkpoint(run_dir / CHECKPOINT_NAME, map_location=device)
+    distributed.check_world_size(state, distributed.world_size_of(), run_dir)
     epoch = int(state["epoch"])
     if config.train.epochs < epoch:
         raise UserError(f"the checkpoint in '{run_dir}' is at epoch {epoch} but train.epochs is "
@@ -237,9 +240,16 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     Raises :class:`Interrupted` (a ``KeyboardInterrupt``) when SIGINT or SIGTERM stopped the run: during the
     epochs the first signal stops at the end of the epoch, with a checkpoint; else, or at a second signal, at once.
     """
+    validate(config)
+    job = distributed.setup(config.train)  # under torchrun: this process's rank of the job; else None
+    if job is not None and not job.main:  # rank 0 alone prints and writes the run directory
+        config = job.rank_config(config)
+        with StopRequests(Console(quiet=True)) as stop:
+            return run_epochs(config, run_dir, resume, Console(quiet=True), None, None, stop, market, job)
+    if job is not None:
+        config = job.rank_config(config)
     console = console or Console()
     console.print(f"run directory: {run_dir}", highlight=False, markup=False, soft_wrap=True)
-    validate(config)
     if not resume:
         check_new_run_dir(run_dir)
     created = missing_folders(run_dir)
@@ -247,7 +257,7 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     stop = StopRequests(console)
     try:
         with stop:
-            return run_epochs(config, run_dir, resume, console, trainer_hook, on_epoch, stop, market)
+            return run_epochs(config, run_dir, resume, console, trainer_hook, on_epoch, stop, market, job)
     except BaseException as error:
         if isinstance(error, Interrupted) and error.saved:
             console.print(f"{error}: checkpoint saved; resume with --resume {run_dir}",
@@ -270,19 +280,31 @@ def missing_folders(path: Path) -> list[Path]:
 
 
 def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, trainer_hook, on_epoch,
-               stop: StopRequests, market: Market | None) -> dict[str, Any]:
+               stop: StopRequests, market: Market | None, job: distributed.Distributed | None = None
+               ) -> dict[str, Any]:
+    main = job is None or job.main
     device_info = probe(config.train.device)
     state = checked_resume_state(config, run_dir, device_info.torch_device) if resume else None
     trainer = Trainer(config, device_info, market=market)
+    if job is not None:
+        job.attach(trainer)  # the agreed batch, rank 0's learner, the gradient all-reduce
     print_plan(trainer.plan, console, trainer.schedule, trainer.reward_info)
     if state is not None:
         trainer.load_state_dict(state)
+        if job is not None:
+            job.learning_batch(trainer)
+            job.reseed(trainer)
         stop.saved_epoch = trainer.epoch
         console.print(f"resumed from {run_dir / CHECKPOINT_NAME} at epoch {trainer.epoch}"
                       + (f", at batch {trainer.batch_size} (the OOM guard's)" if trainer.oom_batch_size else "")
                       + (f"; time limit {config.train.minutes:g} min" if config.train.minutes > 0 else ""),
                       highlight=False, soft_wrap=True)
     config = trainer.config  # with the device's auto values resolved: what a resume must use
+    if not main:
+        guard = single_try(OomGuard(trainer, console, distributed.NullLogger()), job)
+        run_loop(trainer, config, run_dir, console, distributed.NullLogger(), stop, None, guard, job)
+        job.barrier("waiting for rank 0's final checkpoint and report")
+        return {"rank": job.rank, "epochs": trainer.epoch, "updates": trainer.updates_done}
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_config(run_dir, config)
     plan_record = {**trainer.plan.to_json(),
@@ -302,8 +324,8 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
                       "of epochs after it dropped (they are run again)", highlight=False, soft_wrap=True)
     has_replay = state is None or "replay" in state
     try:
-        guard = OomGuard(trainer, console, logger)
-        run_loop(trainer, config, run_dir, console, logger, stop, on_epoch, guard)
+        guard = single_try(OomGuard(trainer, console, logger), job)
+        run_loop(trainer, config, run_dir, console, logger, stop, on_epoch, guard, job)
         finished = trainer.epoch >= config.train.epochs
         final = guard.run("checkpoint", save, trainer, run_dir, logger,
                           replay=has_replay and (config.train.keep_replay or not finished))
@@ -321,20 +343,32 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
         logger.log(trainer.epoch, "test", {"sharpe": report["test"]["agent"]["sharpe"]})
     finally:
         logger.close()
+    if job is not None:
+        job.barrier("the end of the run")
     return report
 
 
+def single_try(guard: OomGuard, job: distributed.Distributed | None) -> OomGuard:
+    """In a job of several ranks an out-of-memory error ends the job: a re-plan on one rank alone would leave it
+    at another batch, and so another number of updates, than the others."""
+    if job is not None and job.world_size > 1:
+        guard.max_retries = 0
+    return guard
+
+
 def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, logger: RunLogger,
-             stop: StopRequests, on_epoch, guard: OomGuard) -> None:
+             stop: StopRequests, on_epoch, guard: OomGuard, job: distributed.Distributed | None = None) -> None:
     """The epochs, until train.epochs, the time limit, ``on_epoch`` saying so, or a stop request (then after
-    saving this epoch's checkpoint)."""
+    saving this epoch's checkpoint). In a data-parallel job rank 0 alone validates and checkpoints, and the ranks
+    agree at each epoch's end on whether to stop (so all stop at the same epoch)."""
+    main = job is None or job.main
     deadline = time.monotonic() + 60 * config.train.minutes if config.train.minutes > 0 else None
     with stop.graceful(), progress_bar(console) as progress:
         task = progress.add_task("train", total=config.train.epochs, completed=trainer.epoch, status="")
         while trainer.epoch < config.train.epochs:
             stats = guard.run_epoch()
             record = {"epoch": stats.epoch, "updates": stats.updates, "seconds": stats.seconds, **stats.values}
-            if stats.epoch % config.train.eval_every == 0 or stats.epoch == config.train.epochs:
+            if main and (stats.epoch % config.train.eval_every == 0 or stats.epoch == config.train.epochs):
                 validation = guard.run("evaluation", evaluate_split, trainer.learner, trainer.market_on_device,
                                        config, "validation", baselines=False, progress=progress).results
                 record["validation_sharpe"] = validation["agent"]["sharpe"]
@@ -346,15 +380,21 @@ def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, 
             if not console.is_terminal:  # logs and pipes get one line per epoch instead of a live bar
                 console.print(f"epoch {stats.epoch}/{config.train.epochs}  {status_line(record)}", highlight=False)
             last = stats.epoch == config.train.epochs  # the final checkpoint follows the loop
-            if not last and (stats.epoch % config.train.checkpoint_every == 0 or stop.signum is not None):
+            signalled = stop.signum is not None
+            ended = on_epoch is not None and on_epoch(record)
+            late = deadline is not None and time.monotonic() > deadline
+            if job is not None:  # every rank ends at the same epoch (the others wait here for rank 0)
+                signalled, ended, late = job.agree(signalled, ended, late)
+            if main and not last and (stats.epoch % config.train.checkpoint_every == 0 or signalled):
                 guard.run("checkpoint", save, trainer, run_dir, logger)
                 stop.saved_epoch = stats.epoch
-            if (on_epoch is not None and on_epoch(record)) or last:
+            if ended or last:
                 break
-            if stop.signum is not None:
-                name = signal.Signals(stop.signum).name
-                raise Interrupted(stop.signum, f"{name}: stopped at the end of epoch {stats.epoch}", saved=True)
-            if deadline is not None and time.monotonic() > deadline:
+            if signalled:
+                signum = stop.signum or signal.SIGTERM
+                name = signal.Signals(signum).name
+                raise Interrupted(signum, f"{name}: stopped at the end of epoch {stats.epoch}", saved=True)
+            if late:
                 console.print(f"time limit of {config.train.minutes:g} min reached at epoch {stats.epoch}; "
                               f"--resume {run_dir} continues (with a new --minutes, or none)",
                               highlight=False, soft_wrap=True)
