@@ -187,3 +187,18 @@ def test_the_replay_and_her_shares_of_the_step_are_traced_not_typed_in():
     assert off["her"].per_sample_bytes == 0 and off["her"].derived_from == "replay.her = false"
     assert on["her"].per_sample_bytes <= on["replay"].per_sample_bytes
     assert on["replay"].per_sample_bytes >= 3 * 8  # a batch row holds int64 bar, next bar and index at least
+
+
+def test_a_rank_of_a_data_parallel_job_budgets_its_all_reduce_and_nccl_memory():
+    from fitdqn.plan.build import PlanInputs, gradient_bytes
+
+    device = what_if("NVIDIA H200", 141 * GIB, 100 * GIB)
+    config = for_device(synthetic(**{"budget.batch_size": 4096}), device.kind)
+    one = PlanInputs.from_config(config)
+    alone = plan_for_device(config, device, one)
+    rank = plan_for_device(config, device, dataclasses.replace(one, world_size=2))
+    names = {c.name: c for c in rank.components}
+    assert "all_reduce" not in {c.name for c in alone.components}
+    assert names["all_reduce"].fixed_bytes == gradient_bytes(config) > 0  # the learner's real gradients
+    assert names["nccl"].fixed_bytes > 0 and names["nccl"].per_sample_bytes == 0
+    assert rank.fixed_bytes > alone.fixed_bytes

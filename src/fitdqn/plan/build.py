@@ -45,6 +45,7 @@ from fitdqn.memory.allocator_model import (
 )
 from fitdqn.memory.attribution import OTHER
 from fitdqn.memory.component import Component, ComponentName, tensor_bytes
+from fitdqn.memory.distributed import distributed_components
 from fitdqn.memory.kernel_scratch import CudaShape
 from fitdqn.memory.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
 from fitdqn.memory.trace import (
@@ -78,14 +79,16 @@ GRAPH_POOL_BATCHES = (4096, 8192)
 
 @dataclass(frozen=True)
 class PlanInputs:
-    """What the plan needs to know about the data: bars on the device and the state width."""
+    """What the plan needs to know beyond the config: the bars on the device, and how many ranks of a
+    data-parallel job (torchrun) the plan is one of."""
 
     num_bars: int
     market_bytes: int
+    world_size: int = 1  # one process, no all-reduce
 
     @classmethod
-    def from_market(cls, market, config: Config) -> PlanInputs:
-        return cls(market.num_bars, market_bytes(market.num_bars))
+    def from_market(cls, market, world_size: int = 1) -> PlanInputs:
+        return cls(market.num_bars, market_bytes(market.num_bars), world_size)
 
     @classmethod
     def from_config(cls, config: Config) -> PlanInputs:
@@ -173,6 +176,14 @@ def network_fixed_bytes(config: Config) -> dict[str, int]:
                       if isinstance(t, torch.Tensor))]
             fixed[name] = sum(tensor_bytes(t.shape, t.dtype) for t in held)
     return fixed
+
+
+def gradient_bytes(config: Config) -> int:
+    """Bytes of the gradients of every trainable parameter (what one all-reduce of a data-parallel update moves),
+    from a real ``Learner`` on fake tensors."""
+    with FakeTensorMode():
+        learner = Learner(config, STATE_DIM, torch.device("cpu"))
+        return sum(tensor_bytes(p.shape, p.dtype) for p in learner.params)
 
 
 def _cuda_shape(device: DeviceInfo) -> CudaShape:
@@ -318,6 +329,8 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
             lines[name][1],
             f"params{' + target' if name != 'iql' else ''} + grads + Adam m,v of the real modules; {how}",
         ))
+    if inputs.world_size > 1:  # a rank of a data-parallel job: the all-reduce's buffer and NCCL's own memory
+        components.extend(distributed_components(inputs.world_size, gradient_bytes(config), device.kind))
     other_fixed, other_per_sample = lines[OTHER]
     components.append(Component(
         ComponentName.BATCH,

@@ -49,8 +49,8 @@ def _folder_digest(folder: str) -> str | None:
 
 def plan_key(config: Config, device: DeviceInfo, inputs=None) -> dict[str, Any]:
     """Everything a plan is computed from (module docstring)."""
-    data = ({"num_bars": inputs.num_bars, "market_bytes": inputs.market_bytes} if inputs is not None
-            else data_provenance(config.market.data))
+    data = ({"num_bars": inputs.num_bars, "market_bytes": inputs.market_bytes, "world_size": inputs.world_size}
+            if inputs is not None else data_provenance(config.market.data))
     return trace_key(what="plan", config=config_to_dict(config), device=device.to_json(), data=data,
                      environment={name: os.environ.get(name) for name in PLAN_ENVIRONMENT},
                      profiles=_folder_digest(config.budget.profiles_dir),

@@ -57,8 +57,10 @@ class AllocationLedger:
 
 def peak_memory_row(plan: Plan, reserved_peak: int) -> dict:
     """The allocator's peak *reserved* bytes over the run (tensors, graph pools, cache) against what the plan
-    budgets inside the allocator at the chosen batch: everything but ``cuda_driver`` (the driver's own bytes)."""
-    planned = plan.planned_bytes - sum(c.fixed_bytes for c in plan.components if c.name == ComponentName.CUDA_DRIVER)
+    budgets inside the allocator at the chosen batch: everything but ``cuda_driver`` (the driver's own bytes) and
+    ``nccl`` (NCCL's own)."""
+    outside = (ComponentName.CUDA_DRIVER, ComponentName.NCCL)  # device memory the allocator never holds
+    planned = plan.planned_bytes - sum(c.fixed_bytes for c in plan.components if c.name in outside)
     return {"phase": f"run peak reserved at batch {plan.batch_size}", "planned_bytes": planned,
             "measured_bytes": reserved_peak, "difference": (reserved_peak - planned) / planned if planned else None}
 

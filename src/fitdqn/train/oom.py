@@ -112,7 +112,7 @@ def step_need(trainer, batch: int) -> int:
     """Bytes the update at ``batch`` takes beyond what the trainer already holds: every component's per-sample
     bytes with the step traced at ``batch`` (the plan's own components, anchored there), and the graph pool's
     pages. The replay, collector and networks are allocated already: their fixed bytes are not asked again."""
-    inputs = PlanInputs.from_market(trainer.market, trainer.config)
+    inputs = PlanInputs.from_market(trainer.market, trainer.plan_inputs.world_size)
     components, _capacity = build_components(trainer.config, trainer.device_info, inputs, anchor=batch)
     pages = sum(c.fixed_bytes for c in components if c.name == ComponentName.CUDA_GRAPHS)
     return sum(c.per_sample_bytes for c in components) * batch + pages

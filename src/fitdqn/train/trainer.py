@@ -29,6 +29,7 @@ from fitdqn.plan.planner import Plan
 from fitdqn.resolve import resolve_run
 from fitdqn.system import build_system
 from fitdqn.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
+from fitdqn.train.distributed import world_size_of
 from fitdqn.train.memory_check import AllocationLedger
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -68,7 +69,9 @@ class Trainer:
         # every 'auto' settled once (the reward scale from the training split): the run's config keeps them
         config, self.reward_info = resolve_run(config, self.device_info, self.market)  # reward_info: for the report
         self.config = config
-        self.plan: Plan = plan_for_device(config, self.device_info, PlanInputs.from_market(self.market, config))
+        # a rank of a torchrun job budgets its all-reduce and NCCL's memory too
+        self.plan_inputs = PlanInputs.from_market(self.market, world_size_of())
+        self.plan: Plan = plan_for_device(config, self.device_info, self.plan_inputs)
         self.batch_size = self.plan.batch_size
         self.schedule = Schedule.from_config(config, self.batch_size)
         self.ledger = AllocationLedger(self.device)
