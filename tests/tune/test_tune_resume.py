@@ -30,7 +30,7 @@ def test_a_killed_tune_is_continued_by_the_same_command(tmp_path):
     """SIGKILL the tune process mid-trial: its worker is interrupted with it (saving its checkpoint), and the
     same command again fails the cut-off trial, runs its params again, and ends with the study's one trial."""
     file = tmp_path / "tune.toml"
-    file.write_text(toml_of(TINY, SEARCH))
+    file.write_text(toml_of({**TINY, "train.epochs": 12}, SEARCH))  # a trial long enough to be cut off mid-way
     tune_dir = tmp_path / "tune"
     command = ["tune", "--config", str(file), "--dir", str(tune_dir), "--tune.study", "tiny", "--trials", "1"]
     env = {**os.environ, "PYTHONPATH": str(Path(fitdqn.__file__).resolve().parents[1])}
