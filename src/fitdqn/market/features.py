@@ -406,11 +406,14 @@ def compute_features(bars: pd.DataFrame, device=None) -> Tensor:
     if not has_volume(bars):  # no volume column: the volume features are off (0), the width stays Fm
         for name in VOLUME_FEATURES:
             f[name] = torch.zeros_like(f[name])
-    out = torch.stack([f[name] for name in FEATURE_NAMES], dim=1)  # [T, Fm] float64
-    T = out.shape[0]
-    # The bars are validated (positive, bounded prices), so a non-finite value is a degenerate window of
-    # good bars: NaN is 0/0 (a flat stretch, no history), no information, so 0; +-inf is a ratio whose
-    # denominator vanished (log of a zero volatility), so the clip's end of its own sign.
-    out = torch.nan_to_num(out, nan=0.0, posinf=CLIP, neginf=-CLIP).clamp(-CLIP, CLIP)
+    first = f[FEATURE_NAMES[0]]
+    T = first.shape[0]
+    out = torch.empty((T, len(FEATURE_NAMES)), dtype=torch.float32, device=first.device)  # [T, Fm]
+    for j, name in enumerate(FEATURE_NAMES):  # one float64 column at a time: no [T, Fm] float64 copy
+        # The bars are validated (positive, bounded prices), so a non-finite value is a degenerate window of
+        # good bars: NaN is 0/0 (a flat stretch, no history), no information, so 0; +-inf is a ratio whose
+        # denominator vanished (log of a zero volatility), so the clip's end of its own sign.
+        column = torch.nan_to_num(f.pop(name), nan=0.0, posinf=CLIP, neginf=-CLIP).clamp_(-CLIP, CLIP)
+        out[:, j] = column  # float64 -> float32, as the stacked cast did
     out[: min(WARMUP, T)] = 0.0
-    return out.to(torch.float32)
+    return out
