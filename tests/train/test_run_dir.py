@@ -1,6 +1,8 @@
 """What a run may write into, and what is refused before any work (no planning, no training, no files)."""
 
+import io
 import json
+import signal
 import time
 
 import pytest
@@ -10,7 +12,7 @@ import fitdqn.train.run as run_module
 from fitdqn.cli import main
 from fitdqn.config import Config, dump_config
 from fitdqn.train.logs import RunLogger, read_jsonl
-from fitdqn.train.run import default_run_dir, status_line
+from fitdqn.train.run import Interrupted, StopRequests, default_run_dir, status_line
 
 
 def refused(capsys, *args) -> str:
@@ -113,3 +115,17 @@ def test_the_status_line_shows_an_epoch_without_a_validation_sharpe():
     line = status_line({"env_steps_per_s": 10.0, "updates_per_s": 2.0, "loss": 0.5, "validation_sharpe": None})
     assert "val Sharpe -" in line and "loss 0.500" in line
     assert "val Sharpe 1.25" in status_line({"validation_sharpe": 1.25})
+
+
+def test_a_stop_at_once_swallowed_by_a_finalizer_still_keeps_the_epochs_from_starting():
+    """A signal outside the epochs raises Interrupted where the program is; when that is inside a finalizer,
+    Python only prints "Exception ignored": the request is kept and the epochs refuse to start after it."""
+    stop = StopRequests(Console(file=io.StringIO()))
+    with pytest.raises(Interrupted):
+        stop.handle(signal.SIGINT, None)  # as the handler would, during set-up
+    with pytest.raises(Interrupted, match="SIGINT: stopped at once"), stop.graceful():
+        pass  # never reached
+    fresh = StopRequests(Console(file=io.StringIO()))
+    with fresh.graceful():
+        fresh.handle(signal.SIGTERM, None)  # in the epochs: a stop at the end of the epoch, no exception
+    assert fresh.signum == signal.SIGTERM and fresh.stopped_at_once is None

@@ -84,6 +84,7 @@ class StopRequests:
         self.signum: int | None = None
         self.saved_epoch: int | None = None  # the last checkpoint's epoch, for the messages
         self.in_epochs = False
+        self.stopped_at_once: int | None = None  # a signal that raised Interrupted outside the epochs
         self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequests:
@@ -98,6 +99,9 @@ class StopRequests:
 
     @contextlib.contextmanager
     def graceful(self):
+        if self.stopped_at_once is not None:  # its Interrupted was swallowed (raised inside a finalizer): now
+            name = signal.Signals(self.stopped_at_once).name
+            raise Interrupted(self.stopped_at_once, f"{name}: stopped at once", saved=False)
         self.in_epochs = True
         try:
             yield
@@ -107,6 +111,9 @@ class StopRequests:
     def handle(self, signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
         if self.signum is not None or not self.in_epochs:
+            # Python swallows an exception raised while a finalizer runs (it prints "Exception ignored"): the
+            # request is kept, and the epochs refuse to start after it (``graceful``)
+            self.stopped_at_once = signum
             raise Interrupted(signum, f"{name}: stopped at once", saved=False)
         self.signum = signum
         self.console.print(
