@@ -88,18 +88,22 @@ class Trainer:
     def _allocate(self) -> None:
         """The one assembly (``fitdqn.system.build_system``) on the real device, each part measured."""
         config, device = self.config, self.device
-        self.system = system = build_system(
+        self.system = build_system(
             config, self.market, device, capacity=self.plan.budgets.replay_capacity, batch_size=self.batch_size,
             epsilon_decay_steps=self.schedule.epsilon_decay_steps, measure=self.ledger.measure)
-        self.market_on_device = system.market
-        self.replay, self.env = system.replay, system.env
-        self.learner, self.collector = system.learner, system.collector
-        self.features = self.env.features
-        self.sample_generator, self.act_generator = system.sample_generator, system.act_generator
-        self.beta, self.stat_sums = system.beta, system.stat_sums
-        self.beta.fill_(beta_at(config, 0))
         # one side stream for every graph capture: each stream gets its own cuBLAS workspaces
         self.capture_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    # the system's parts, by name (run, bench, checkpoints and the distributed job read them)
+    market_on_device = property(lambda self: self.system.market)
+    replay = property(lambda self: self.system.replay)
+    env = property(lambda self: self.system.env)
+    learner = property(lambda self: self.system.learner)
+    collector = property(lambda self: self.system.collector)
+    sample_generator = property(lambda self: self.system.sample_generator)
+    act_generator = property(lambda self: self.system.act_generator)
+    beta = property(lambda self: self.system.beta)
+    stat_sums = property(lambda self: self.system.stat_sums)
 
     def persistent_bytes(self) -> dict[str, int]:
         """What the collector phase allocates for good (its component also budgets the collector step's peak)."""
