@@ -20,7 +20,8 @@ not follow that choice. So a run is set by:
   ``learn.epsilon_decay_fraction`` of them, beta anneals from ``replay.beta_start`` to ``replay.beta_end``
   over all of them;
 * **min_fill bounded by what the run collects**: updates start once ``min(replay.min_fill, one epoch's
-  transitions)`` are stored (and at least one batch can be sampled).
+  transitions)`` are stored, whatever the batch (a batch larger than the replay holds draws with replacement,
+  as prioritized sampling always does), so a large batch does not start learning epochs after a small one.
 
 :class:`Schedule` holds the values at one batch; the plan table and the run's report print it.
 """

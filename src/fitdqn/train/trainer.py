@@ -152,7 +152,9 @@ class Trainer:
         return self.collector.take_stats()  # host sync: epoch stats
 
     def can_update(self) -> bool:
-        return int(self.replay.sampleable()) >= max(self.schedule.min_fill, self.batch_size)  # host sync
+        # min_fill alone, not the batch: a batch larger than what is stored draws with replacement (the sampler's
+        # way anyway), so a large batch starts learning when a small one does instead of epochs later
+        return int(self.replay.sampleable()) >= max(self.schedule.min_fill, 1)  # host sync
 
     @property
     def env_steps_done(self) -> int:
