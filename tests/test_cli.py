@@ -123,7 +123,7 @@ def load_config_text(text: str, tmp_path) -> Config:
 
 
 @pytest.mark.parametrize("argv, her", [
-    ((), True), (("--replay.her",), True), (("--no-replay.her",), False), (("--replay.her", "false"), False),
+    ((), False), (("--replay.her",), True), (("--no-replay.her",), False), (("--replay.her", "false"), False),
     (("--replay.her", "no"), False), (("--no-replay.her", "--replay.her", "true"), True),
 ])
 def test_boolean_flags(argv, her):

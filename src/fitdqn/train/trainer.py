@@ -163,7 +163,7 @@ class Trainer:
     def updates_due(self) -> int:
         """Updates the budget owes after this epoch's collection (those before min_fill included)."""
         collected = self.env_steps_done + self.schedule.env_steps_per_epoch
-        return updates_owed(self.config.train.sample_reuse, collected, self.samples_done, self.batch_size)
+        return updates_owed(self.schedule.sample_reuse, collected, self.samples_done, self.batch_size)
 
     def train_updates(self, count: int) -> int:
         done = 0
