@@ -22,7 +22,9 @@ import triton.language as tl
 
 from fitdqn.ops.kernels import on_device
 
-WARPS = 2
+KERNEL = "rows"  # 'rows' (a row a lane, loop over the targets) or 'pairs' (the [N, N'] tile a program)
+WARPS = 2  # the 'pairs' kernel
+ROWS_PER_PROGRAM, ROWS_WARPS = 256, 4  # the 'rows' kernel: (sample, quantile) rows a program, warps a program
 
 
 def fused_quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float
@@ -38,11 +40,20 @@ def fused_quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.T
     loss = torch.empty(batch, device=pred.device, dtype=torch.float32)
     grad = torch.empty(p.shape, device=pred.device, dtype=torch.float32)
     if batch and quantiles and targets and columns:
+        scale = 1.0 / (kappa * targets * columns)
         with on_device(pred):
-            _quantile_huber_kernel[(batch,)](
-                p, t, levels, loss, grad, quantiles, targets, float(kappa), 1.0 / (kappa * targets * columns),
-                COLUMNS=columns, BLOCK_N=_block(quantiles), BLOCK_M=_block(targets), num_warps=WARPS,
-            )
+            if KERNEL == "rows":
+                block_n = triton.next_power_of_2(quantiles)
+                samples = max(1, ROWS_PER_PROGRAM // block_n)
+                _rows_kernel[(triton.cdiv(batch, samples),)](
+                    p, t, levels, loss, grad, batch, quantiles, float(kappa), scale, COLUMNS=columns,
+                    TARGETS=targets, SAMPLES=samples, BLOCK_N=block_n, num_warps=ROWS_WARPS,
+                )
+            else:
+                _quantile_huber_kernel[(batch,)](
+                    p, t, levels, loss, grad, quantiles, targets, float(kappa), scale,
+                    COLUMNS=columns, BLOCK_N=_block(quantiles), BLOCK_M=_block(targets), num_warps=WARPS,
+                )
     else:
         loss.zero_()
         grad.zero_()
@@ -51,6 +62,35 @@ def fused_quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.T
 
 def _block(size: int) -> int:
     return max(triton.next_power_of_2(size), 16)
+
+
+@triton.jit
+def _rows_kernel(pred_ptr, target_ptr, taus_ptr, loss_ptr, grad_ptr, batch, N, kappa, scale,
+                 COLUMNS: tl.constexpr, TARGETS: tl.constexpr, SAMPLES: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One row (sample, quantile i) per lane: the N' targets are walked in a loop (unrolled), each loaded once per
+    sample (one address across the sample's lanes), so no reduction crosses threads but the per-sample loss."""
+    row = tl.arange(0, SAMPLES * BLOCK_N)
+    sample = (tl.program_id(0) * SAMPLES + row // BLOCK_N).to(tl.int64)  # [R]
+    i = row % BLOCK_N
+    valid = (sample < batch) & (i < N)
+    tau = tl.load(taus_ptr + sample * N + i, mask=valid, other=0.0).to(tl.float32)  # [R]
+    total = tl.zeros((SAMPLES * BLOCK_N,), dtype=tl.float32)  # [R]: sum_c sum_j rho_ij
+    for column in tl.static_range(COLUMNS):
+        p = tl.load(pred_ptr + (sample * N + i) * COLUMNS + column, mask=valid, other=0.0).to(tl.float32)
+        slope = tl.zeros((SAMPLES * BLOCK_N,), dtype=tl.float32)  # [R]: sum_j w_ij clamp(u_ij)
+        for j in tl.static_range(TARGETS):
+            t = tl.load(target_ptr + (sample * TARGETS + j) * COLUMNS + column, mask=valid, other=0.0)
+            u = t.to(tl.float32) - p  # [R]
+            magnitude = tl.abs(u)
+            weight = tl.where(u < 0.0, 1.0 - tau, tau)  # |tau - 1{u < 0}|
+            huber = tl.where(magnitude <= kappa, 0.5 * u * u, kappa * (magnitude - 0.5 * kappa))
+            total += weight * huber
+            slope += weight * tl.minimum(tl.maximum(u, -kappa), kappa)
+        tl.store(grad_ptr + (sample * N + i) * COLUMNS + column, -slope * scale, mask=valid)
+    total = tl.where(valid, total, 0.0)
+    per_sample = tl.sum(tl.reshape(total, (SAMPLES, BLOCK_N)), axis=1) * scale  # [S]
+    samples = tl.program_id(0) * SAMPLES + tl.arange(0, SAMPLES)
+    tl.store(loss_ptr + samples, per_sample, mask=samples < batch)
 
 
 @triton.jit
