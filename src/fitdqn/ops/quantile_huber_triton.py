@@ -24,7 +24,9 @@ from fitdqn.ops.kernels import on_device
 
 KERNEL = "rows"  # 'rows' (a row a lane, loop over the targets) or 'pairs' (the [N, N'] tile a program)
 WARPS = 2  # the 'pairs' kernel
-ROWS_PER_PROGRAM, ROWS_WARPS = 256, 4  # the 'rows' kernel: (sample, quantile) rows a program, warps a program
+# the 'rows' kernel: warps a program (a row a lane: 32 rows a warp; with two rows a lane ptxas spills) and whether the
+# loop over the targets is unrolled
+ROWS_WARPS, ROWS_UNROLL = 8, True
 
 
 def fused_quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float
@@ -44,10 +46,10 @@ def fused_quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.T
         with on_device(pred):
             if KERNEL == "rows":
                 block_n = triton.next_power_of_2(quantiles)
-                samples = max(1, ROWS_PER_PROGRAM // block_n)
+                samples = max(1, 32 * ROWS_WARPS // block_n)
                 _rows_kernel[(triton.cdiv(batch, samples),)](
                     p, t, levels, loss, grad, batch, quantiles, float(kappa), scale, COLUMNS=columns,
-                    TARGETS=targets, SAMPLES=samples, BLOCK_N=block_n, num_warps=ROWS_WARPS,
+                    TARGETS=targets, SAMPLES=samples, BLOCK_N=block_n, UNROLL=ROWS_UNROLL, num_warps=ROWS_WARPS,
                 )
             else:
                 _quantile_huber_kernel[(batch,)](
@@ -65,10 +67,23 @@ def _block(size: int) -> int:
 
 
 @triton.jit
+def _rows_pair(target_ptr, sample, i_ok, p, tau, j, column, kappa, total, slope, TARGETS: tl.constexpr,
+               COLUMNS: tl.constexpr):
+    """Target j against each lane's prediction: ``total += rho``, ``slope += w clamp(u)`` (``[R]`` each)."""
+    t = tl.load(target_ptr + (sample * TARGETS + j) * COLUMNS + column, mask=i_ok, other=0.0).to(tl.float32)
+    u = t - p  # [R]
+    magnitude = tl.abs(u)
+    weight = tl.where(u < 0.0, 1.0 - tau, tau)  # |tau - 1{u < 0}|
+    huber = tl.where(magnitude <= kappa, 0.5 * u * u, kappa * (magnitude - 0.5 * kappa))
+    return total + weight * huber, slope + weight * tl.minimum(tl.maximum(u, -kappa), kappa)
+
+
+@triton.jit
 def _rows_kernel(pred_ptr, target_ptr, taus_ptr, loss_ptr, grad_ptr, batch, N, kappa, scale,
-                 COLUMNS: tl.constexpr, TARGETS: tl.constexpr, SAMPLES: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One row (sample, quantile i) per lane: the N' targets are walked in a loop (unrolled), each loaded once per
-    sample (one address across the sample's lanes), so no reduction crosses threads but the per-sample loss."""
+                 COLUMNS: tl.constexpr, TARGETS: tl.constexpr, SAMPLES: tl.constexpr, BLOCK_N: tl.constexpr,
+                 UNROLL: tl.constexpr):
+    """One (sample, quantile i) row a lane: the N' targets are walked in a loop, each loaded once per sample (one
+    address across the sample's lanes), so no reduction crosses threads but the per-sample loss at the end."""
     row = tl.arange(0, SAMPLES * BLOCK_N)
     sample = (tl.program_id(0) * SAMPLES + row // BLOCK_N).to(tl.int64)  # [R]
     i = row % BLOCK_N
@@ -78,14 +93,14 @@ def _rows_kernel(pred_ptr, target_ptr, taus_ptr, loss_ptr, grad_ptr, batch, N, k
     for column in tl.static_range(COLUMNS):
         p = tl.load(pred_ptr + (sample * N + i) * COLUMNS + column, mask=valid, other=0.0).to(tl.float32)
         slope = tl.zeros((SAMPLES * BLOCK_N,), dtype=tl.float32)  # [R]: sum_j w_ij clamp(u_ij)
-        for j in tl.static_range(TARGETS):
-            t = tl.load(target_ptr + (sample * TARGETS + j) * COLUMNS + column, mask=valid, other=0.0)
-            u = t.to(tl.float32) - p  # [R]
-            magnitude = tl.abs(u)
-            weight = tl.where(u < 0.0, 1.0 - tau, tau)  # |tau - 1{u < 0}|
-            huber = tl.where(magnitude <= kappa, 0.5 * u * u, kappa * (magnitude - 0.5 * kappa))
-            total += weight * huber
-            slope += weight * tl.minimum(tl.maximum(u, -kappa), kappa)
+        if UNROLL:
+            for j in tl.static_range(TARGETS):
+                total, slope = _rows_pair(target_ptr, sample, valid, p, tau, j, column, kappa, total, slope,
+                                          TARGETS, COLUMNS)
+        else:
+            for j in range(TARGETS):
+                total, slope = _rows_pair(target_ptr, sample, valid, p, tau, j, column, kappa, total, slope,
+                                          TARGETS, COLUMNS)
         tl.store(grad_ptr + (sample * N + i) * COLUMNS + column, -slope * scale, mask=valid)
     total = tl.where(valid, total, 0.0)
     per_sample = tl.sum(tl.reshape(total, (SAMPLES, BLOCK_N)), axis=1) * scale  # [S]
