@@ -40,6 +40,8 @@ from fitdqn.ops.kernels import on_device
 # tile's rows fewer times (twice at d = 256). A 64-row tile is one warpgroup's wgmma: 8 warps hold it twice.
 FORWARD_BLOCK_D, FORWARD_WARPS, FORWARD_STAGES = 64, 4, 2
 BACKWARD_BLOCK_D, BACKWARD_WARPS, BACKWARD_STAGES = 128, 4, 2
+# out_w's gradient as ``h^T @ g`` (``[D, O]``, a 64-row wgmma) instead of ``g^T @ h`` (``[O, D]``: 16 rows, mma v2)
+BACKWARD_W2_TRANSPOSED = False
 PRECISION = "ieee"  # fp32 compute (no autocast): exact fp32 products, like torch's default matmul
 _TRITON_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -88,8 +90,8 @@ def fused_quantile_grads(grad_out: torch.Tensor, features: torch.Tensor, taus: t
             embed_w.contiguous(), embed_b, out_w.contiguous(),
             grad_x, w1_parts, w2_parts, b2_parts,
             batch, quantiles, embedding, d_model, outputs, geometry.tiles, programs,
-            **_blocks(geometry, embedding, outputs, dtype), BLOCK_D=BACKWARD_BLOCK_D, num_warps=BACKWARD_WARPS,
-            num_stages=BACKWARD_STAGES,
+            **_blocks(geometry, embedding, outputs, dtype), BLOCK_D=BACKWARD_BLOCK_D,
+            W2_TRANSPOSED=BACKWARD_W2_TRANSPOSED, num_warps=BACKWARD_WARPS, num_stages=BACKWARD_STAGES,
         )
     return grad_x, w1_parts, w2_parts, b2_parts
 
@@ -175,7 +177,7 @@ def _backward_kernel(
     grad_features_ptr, w1_parts_ptr, w2_parts_ptr, b2_parts_ptr,
     batch, quantiles, embedding, d_model, outputs, tiles, programs,
     SAMPLES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_O: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_O: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr, W2_TRANSPOSED: tl.constexpr,
 ):
     program = tl.program_id(0)
     columns = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -188,7 +190,10 @@ def _backward_kernel(
     w2 = tl.load(out_w_ptr + o[:, None] * d_model + columns[None, :],
                  mask=(o[:, None] < outputs) & column_ok[None, :], other=0.0).to(COMPUTE)  # [O, D]
     grad_w1 = tl.zeros((BLOCK_D, BLOCK_E), dtype=tl.float32)  # [D, E]
-    grad_w2 = tl.zeros((BLOCK_O, BLOCK_D), dtype=tl.float32)  # [O, D]
+    if W2_TRANSPOSED:
+        grad_w2 = tl.zeros((BLOCK_D, BLOCK_O), dtype=tl.float32)  # [D, O]
+    else:
+        grad_w2 = tl.zeros((BLOCK_O, BLOCK_D), dtype=tl.float32)  # [O, D]
     grad_b2 = tl.zeros((BLOCK_O,), dtype=tl.float32)  # [O]
     for tile in range(program, tiles, programs):
         grad_psi = tl.zeros((SAMPLES, BLOCK_D), dtype=tl.float32)  # [S, D]
@@ -211,13 +216,20 @@ def _backward_kernel(
                 grad_psi += tl.sum(tl.reshape(d_h * phi, (SAMPLES, BLOCK_N, BLOCK_D)), axis=1)
             d_pre = tl.where(phi > 0, d_h * psi, 0.0).to(COMPUTE)  # [R, D]: through the product and ReLU
             grad_w1 = tl.dot(tl.trans(d_pre), cos, grad_w1, input_precision=PRECISION)
-            grad_w2 = tl.dot(tl.trans(g), (phi * psi).to(COMPUTE), grad_w2, input_precision=PRECISION)
+            if W2_TRANSPOSED:
+                grad_w2 = tl.dot(tl.trans((phi * psi).to(COMPUTE)), g, grad_w2, input_precision=PRECISION)
+            else:
+                grad_w2 = tl.dot(tl.trans(g), (phi * psi).to(COMPUTE), grad_w2, input_precision=PRECISION)
         samples = tile * SAMPLES + tl.arange(0, SAMPLES)
         tl.store(grad_features_ptr + samples[:, None] * d_model + columns[None, :], grad_psi,
                  mask=(samples < batch)[:, None] & column_ok[None, :])
     tl.store(w1_parts_ptr + program * d_model * embedding + columns[:, None] * embedding + e[None, :], grad_w1,
              mask=column_ok[:, None] & (e[None, :] < embedding))
-    tl.store(w2_parts_ptr + program * outputs * d_model + o[:, None] * d_model + columns[None, :], grad_w2,
-             mask=(o[:, None] < outputs) & column_ok[None, :])
+    if W2_TRANSPOSED:
+        tl.store(w2_parts_ptr + program * outputs * d_model + o[None, :] * d_model + columns[:, None], grad_w2,
+                 mask=(o[None, :] < outputs) & column_ok[:, None])
+    else:
+        tl.store(w2_parts_ptr + program * outputs * d_model + o[:, None] * d_model + columns[None, :], grad_w2,
+                 mask=(o[:, None] < outputs) & column_ok[None, :])
     if tl.program_id(1) == 0:  # every d slice summed the same g: one stores it
         tl.store(b2_parts_ptr + program * outputs + o, grad_b2, mask=o < outputs)
