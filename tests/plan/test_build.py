@@ -202,3 +202,26 @@ def test_a_rank_of_a_data_parallel_job_budgets_its_all_reduce_and_nccl_memory():
     assert names["all_reduce"].fixed_bytes == gradient_bytes(config) > 0  # the learner's real gradients
     assert names["nccl"].fixed_bytes > 0 and names["nccl"].per_sample_bytes == 0
     assert rank.fixed_bytes > alone.fixed_bytes
+
+
+def test_one_trace_session_gives_the_traces_of_fresh_systems():
+    """The plan traces both steps and every batch on one stand-in system (built and warmed once): each trace
+    equals the one of a system built for it alone, pools included (nothing sized by the batch is kept)."""
+    from fitdqn.memory.trace import trace_step_memory
+    from fitdqn.plan.build import COLLECT, UPDATE, TraceSession, make_collect_step, make_system_session
+    from fitdqn.plan.trace_cache import TraceSummary
+
+    config = for_device(synthetic(**{"net.trunk_hidden": 32, "net.d_model": 16, "net.iqn_quantiles": 8,
+                                      "collect.num_envs": 8, "replay.min_fill": 64}), "cpu")
+    capacity, num_bars = 8 * 256, 2000
+    fresh = [TraceSummary.of(trace_step_memory(make_collect_step(config, num_bars, capacity), 8, "cuda"), False)]
+    fresh += [TraceSummary.of(trace_step_memory(make_train_step(config, num_bars, capacity), batch, "cuda",
+                                                record_events=True), True) for batch in (64, 128)]
+    session = TraceSession(make_system_session(config, num_bars, capacity), "cuda")
+    try:
+        shared = [TraceSummary.of(session.trace(COLLECT, 8), False)]
+        shared += [TraceSummary.of(session.trace(UPDATE, batch, record_events=True), True) for batch in (64, 128)]
+    finally:
+        session.close()
+    assert shared == fresh
+    assert shared[2].step_bytes > shared[1].step_bytes > 0 and shared[0].step_bytes > 0

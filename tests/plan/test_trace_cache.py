@@ -32,13 +32,13 @@ def count_traces(monkeypatch):
     """Counts the traces really run (not found in a cache); the process's own memo is emptied first."""
     monkeypatch.setattr(build, "_SUMMARIES", {})
     calls = []
-    original = build.trace_step_memory
+    original = build.TraceSession.trace
 
-    def counted(make_step, batch, *args, **kwargs):
+    def counted(session, name, batch, *args, **kwargs):
         calls.append(batch)
-        return original(make_step, batch, *args, **kwargs)
+        return original(session, name, batch, *args, **kwargs)
 
-    monkeypatch.setattr(build, "trace_step_memory", counted)
+    monkeypatch.setattr(build.TraceSession, "trace", counted)
     return calls
 
 

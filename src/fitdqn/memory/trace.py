@@ -42,8 +42,8 @@ from __future__ import annotations
 import gc
 import math
 import warnings
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
@@ -136,55 +136,101 @@ def trace_step_memory(
     the target's SM count for it (default: this machine's GPU if it has one, else no SM cap: an upper bound).
     Parameters and gradients of each group's modules count toward that group's baseline; optimizer state,
     and everything else made by ``make_step`` or kept between steps, toward ``'other'``.
+    A :class:`TraceSession` traces several steps and batches of one system built once.
     """
-    target = torch.device(device)
-    if fake_device is None:
-        traced, note = fake_device_for(target)
-    else:
-        traced = torch.device(fake_device)
-        note = "" if traced.type == target.type else f"traced on fake {traced.type} tensors (forced)"
-    scratch = None
-    if target.type == "cuda":
-        if cuda_shape is None:
-            cuda_shape = CudaShape.of_current_device() if torch.cuda.is_available() else CudaShape()
-        scratch = partial(cuda_kernel_scratch, device=cuda_shape)
-    owner = GroupOwner()
-    tracker = LiveBytes(traced.type, owner.owner, owner.in_backward, scratch)
-    # what lives before the trace is no garbage of the step: frozen, the collections after each step (``_run``)
-    # scan only what the trace made (a full collection of a process holding torch costs ~0.4 s)
-    freeze = gc.get_freeze_count() == 0  # a process that froze objects itself keeps them frozen, as it chose
-    if freeze:
-        gc.freeze()
+    session = TraceSession(lambda traced: lambda _name, batch: make_step(batch, traced), device, warmup_steps,
+                           fake_device, cuda_shape)
     try:
-        return _trace_on_fake(make_step, batch_size, target, traced, note, warmup_steps, owner, tracker,
-                              record_events)
-    except UserWarning as warning:
-        if "autocast" not in str(warning):
-            raise
-        raise AutocastUnavailable(
-            f"the step turned on autocast for a device type this trace cannot run ({warning}); traced on "
-            f"fake {traced.type} tensors: write torch.autocast(device.type, ...) with the device make_step "
-            "is given") from warning
+        return session.trace("step", batch_size, record_events)
     finally:
-        tracker.detach_finalizers()
+        session.close()
+
+
+SessionSteps = Callable[[str, int], "StepSetup | Callable[[], Any]"]  # (step name, batch) -> that step set up
+MakeSession = Callable[[torch.device], SessionSteps]  # builds the system on the (fake) device, once
+
+
+class TraceSession:
+    """Several steps of one system traced on the same fake tensors: the system is built once, and each named
+    step is warmed up once, before its first trace.
+
+    ``make_session(device)`` builds the system on the fake device and returns ``steps(name, batch)``, which
+    sets the system up for that step at that batch (no allocation of its own is needed: what it allocates
+    joins the baseline) and returns it as ``make_step`` would. Each :meth:`trace` then follows the protocol
+    of ``trace_step_memory``: charge parameters to their groups, take the baseline, reset the peak, one step.
+    A step traced again at another batch starts from the state its earlier steps left (its persistent state
+    exists already, so it is not warmed up again); fitdqn's update keeps nothing sized by the batch between
+    steps, so its traces equal those of a fresh system (``tests/plan/test_build.py``). The modes are entered
+    for each trace only, so the caller's own code between traces runs on real tensors. ``close`` when done.
+    """
+
+    def __init__(self, make_session: MakeSession, device: torch.device | str = "cuda", warmup_steps: int = 1,
+                 fake_device: torch.device | str | None = None, cuda_shape: CudaShape | None = None):
+        self.target = torch.device(device)
+        if fake_device is None:
+            self.traced, self.note = fake_device_for(self.target)
+        else:
+            self.traced = torch.device(fake_device)
+            self.note = "" if self.traced.type == self.target.type else \
+                f"traced on fake {self.traced.type} tensors (forced)"
+        scratch = None
+        if self.target.type == "cuda":
+            if cuda_shape is None:
+                cuda_shape = CudaShape.of_current_device() if torch.cuda.is_available() else CudaShape()
+            scratch = partial(cuda_kernel_scratch, device=cuda_shape)
+        self.make_session = make_session
+        self.warmup_steps = warmup_steps
+        self.fake_mode = FakeTensorMode()
+        self.owner = GroupOwner()
+        self.tracker = LiveBytes(self.traced.type, self.owner.owner, self.owner.in_backward, scratch)
+        self._steps: SessionSteps | None = None
+        self._warm: set[str] = set()
+
+    def trace(self, name: str, batch_size: int, record_events: bool = False) -> StepTrace:
+        """The step ``name`` traced at ``batch_size`` (the first call builds the system)."""
+        with self._modes():
+            if self._steps is None:
+                self._steps = self.make_session(self.traced)
+            setup = _as_setup(self._steps(name, batch_size))
+            self.owner.attach(setup.groups)
+            self.owner.attach_calls(setup.calls)
+            warmup = 0 if name in self._warm else self.warmup_steps
+            self._warm.add(name)
+            return _measured_step(setup, batch_size, self.target, self.traced, self.note, warmup, self.tracker,
+                                  record_events)
+
+    def close(self) -> None:
+        """Stop listening for the fake storages' deaths (they may outlive the tracker)."""
+        self.tracker.detach_finalizers()
+
+    @contextmanager
+    def _modes(self) -> Iterator[None]:
+        # what lives before the trace is no garbage of the step: frozen, the collections after each step
+        # (``_run``) scan only what the trace made (a full collection of a process holding torch costs ~0.4 s)
+        freeze = gc.get_freeze_count() == 0  # a process that froze objects itself keeps them frozen, as it chose
         if freeze:
-            gc.unfreeze()
+            gc.freeze()
+        emulate = CudaAutocastOnCpu() if self.target.type == "cuda" and self.traced.type == "cpu" else nullcontext()
+        try:
+            with (self.fake_mode, self.traced, emulate, warnings.catch_warnings(), self.owner.active(),
+                  self.tracker):
+                # PyTorch disables autocast with only a warning when the device type is not available
+                warnings.filterwarnings("error", message=".*[Dd]isabling autocast.*")
+                yield
+        except UserWarning as warning:
+            if "autocast" not in str(warning):
+                raise
+            raise AutocastUnavailable(
+                f"the step turned on autocast for a device type this trace cannot run ({warning}); traced on "
+                f"fake {self.traced.type} tensors: write torch.autocast(device.type, ...) with the device "
+                "make_step is given") from warning
+        finally:
+            if freeze:
+                gc.unfreeze()
 
 
 class AutocastUnavailable(RuntimeError):
     """The step asked for autocast on a device type PyTorch disables here (it would trace in fp32)."""
-
-
-def _trace_on_fake(make_step: MakeStep, batch_size: int, target: torch.device, traced: torch.device,
-                   note: str, warmup_steps: int, owner: GroupOwner, tracker: LiveBytes,
-                   record_events: bool = False) -> StepTrace:
-    """Build, warm up, take the baseline, trace one step; everything fake and on ``traced``."""
-    emulate = CudaAutocastOnCpu() if target.type == "cuda" and traced.type == "cpu" else nullcontext()
-    with FakeTensorMode(), traced, emulate, warnings.catch_warnings(), owner.active(), tracker:
-        # PyTorch disables autocast with only a warning when the device type is not available
-        warnings.filterwarnings("error", message=".*[Dd]isabling autocast.*")
-        return traced_step(make_step, batch_size, target, traced, note, warmup_steps, owner, tracker,
-                           record_events)
 
 
 def traced_step(make_step: MakeStep, batch_size: int, target: torch.device, traced: torch.device, note: str,
@@ -195,6 +241,12 @@ def traced_step(make_step: MakeStep, batch_size: int, target: torch.device, trac
     setup = _as_setup(make_step(batch_size, traced))
     owner.attach(setup.groups)
     owner.attach_calls(setup.calls)
+    return _measured_step(setup, batch_size, target, traced, note, warmup_steps, tracker, record_events)
+
+
+def _measured_step(setup: StepSetup, batch_size: int, target: torch.device, traced: torch.device, note: str,
+                   warmup_steps: int, tracker: LiveBytes, record_events: bool) -> StepTrace:
+    """Warm up, charge parameters to their groups, take the baseline, reset the peak, one step."""
     for _ in range(warmup_steps):
         _run(setup.step)
     _charge_parameters(tracker, setup.groups)

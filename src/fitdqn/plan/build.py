@@ -20,8 +20,10 @@ replay.update_priorities``, on fake tensors (``fitdqn.memory.trace``), at two ba
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -48,12 +50,7 @@ from fitdqn.memory.component import Component, ComponentName, tensor_bytes
 from fitdqn.memory.distributed import distributed_components
 from fitdqn.memory.kernel_scratch import CudaShape
 from fitdqn.memory.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
-from fitdqn.memory.trace import (
-    StepSetup,
-    fake_device_for,
-    line_above,
-    trace_step_memory,
-)
+from fitdqn.memory.trace import StepSetup, StepTrace, TraceSession, fake_device_for, line_above
 from fitdqn.nets.groups import MEMORY_GROUPS, parameter_groups
 from fitdqn.plan.planner import InfeasiblePlan, Plan, make_plan
 from fitdqn.plan.replay_share import ReplayTooSmall, replay_component
@@ -153,13 +150,39 @@ def make_collect_step(config: Config, num_bars: int, capacity: int):
     ``collect.num_envs`` envs (the 'batch' argument must be that count)."""
 
     def make_step(num_envs: int, device: torch.device) -> StepSetup:
-        if num_envs != config.collect.num_envs:
-            raise ValueError(f"the collector step runs collect.num_envs = {config.collect.num_envs} envs, "
-                             f"not {num_envs}")
+        check_num_envs(config, num_envs)
         system = stand_in_system(config, num_bars, capacity, config.budget.min_batch, device)
         return StepSetup(system.collect_step, system.memory_groups())
 
     return make_step
+
+
+UPDATE, COLLECT = "update", "collect"  # the steps a system session traces
+
+
+def make_system_session(config: Config, num_bars: int, capacity: int):
+    """Both steps of one stand-in system (``TraceSession``): ``'update'`` at any batch (``System.set_batch_size``)
+    and ``'collect'`` at ``collect.num_envs`` envs, built once on the session's fake device."""
+
+    def make_session(device: torch.device):
+        system = stand_in_system(config, num_bars, capacity, config.budget.min_batch, device)
+
+        def steps(name: str, batch: int) -> StepSetup:
+            if name == COLLECT:
+                check_num_envs(config, batch)
+                return StepSetup(system.collect_step, system.memory_groups())
+            system.set_batch_size(batch)
+            return StepSetup(system.update_step, system.memory_groups(), system.memory_calls())
+
+        return steps
+
+    return make_session
+
+
+def check_num_envs(config: Config, num_envs: int) -> None:
+    if num_envs != config.collect.num_envs:
+        raise ValueError(f"the collector step runs collect.num_envs = {config.collect.num_envs} envs, "
+                         f"not {num_envs}")
 
 
 def network_fixed_bytes(config: Config) -> dict[str, int]:
@@ -212,21 +235,68 @@ class Tracer:
 
     def step(self, capacity: int, batch: int, pools: bool = False) -> TraceSummary:
         """The training step traced at one batch; with ``pools`` what a graph pool would reserve for it."""
-        key = self.key("update", batch, capacity=capacity, pools=pools)
-        return _summary(self.cache, key, lambda: TraceSummary.of(trace_step_memory(
-            make_train_step(self.config, self.num_bars, capacity), batch, self.target,
-            cuda_shape=self.cuda_shape, record_events=pools), pools))
+        key = self.key(UPDATE, batch, capacity=capacity, pools=pools)
+        return _summary(self.cache, key, lambda: TraceSummary.of(self.trace(capacity, UPDATE, batch, pools), pools))
 
     def collect_peak(self, capacity: int) -> int:
         """Peak of one collector step at ``collect.num_envs`` envs, beyond what is allocated before it."""
         num_envs = self.config.collect.num_envs
-        key = self.key("collect", num_envs, capacity=capacity)
-        return _summary(self.cache, key, lambda: TraceSummary.of(trace_step_memory(
-            make_collect_step(self.config, self.num_bars, capacity), num_envs, self.target,
-            cuda_shape=self.cuda_shape), False)).step_bytes
+        key = self.key(COLLECT, num_envs, capacity=capacity)
+        return _summary(self.cache, key, lambda: TraceSummary.of(
+            self.trace(capacity, COLLECT, num_envs, False), False)).step_bytes
+
+    def network_fixed(self) -> dict[str, int]:
+        """``network_fixed_bytes`` of the traced config, from memory, else the disk cache, else counted."""
+        key = self.key("networks", 0)
+        digest = key_digest(key)
+        if digest not in _NETWORKS:
+            stored = self.cache.get_value(key)
+            if not (isinstance(stored, dict) and all(isinstance(v, int) for v in stored.values())
+                    and set(stored) == set(MEMORY_GROUPS)):
+                stored = network_fixed_bytes(self.config)
+                self.cache.put_value(key, stored)
+            _NETWORKS[digest] = stored
+        return dict(_NETWORKS[digest])
+
+    def trace(self, capacity: int, name: str, batch: int, record_events: bool) -> StepTrace:
+        """Step ``name`` at ``batch`` on the stand-in system of this traced config and capacity: the plan's one
+        session of it (``traced_sessions``, built at its first trace), else a session of its own."""
+        def session() -> TraceSession:
+            return TraceSession(make_system_session(self.config, self.num_bars, capacity), self.target,
+                                cuda_shape=self.cuda_shape)
+
+        if _SESSIONS is None:
+            alone = session()
+            try:
+                return alone.trace(name, batch, record_events)
+            finally:
+                alone.close()
+        digest = key_digest(self.key("session", 0, capacity=capacity))
+        if digest not in _SESSIONS:
+            _SESSIONS[digest] = session()
+        return _SESSIONS[digest].trace(name, batch, record_events)
 
 
 _SUMMARIES: dict[str, TraceSummary] = {}  # this process's traces by key digest: a plan asks for one several times
+_NETWORKS: dict[str, dict[str, int]] = {}  # network_fixed_bytes by traced config digest
+_SESSIONS: dict[str, TraceSession] | None = None  # the open sessions of the plan being made (``traced_sessions``)
+
+
+@contextlib.contextmanager
+def traced_sessions() -> Iterator[None]:
+    """Trace sessions shared by everything planned inside (one stand-in system per traced config and capacity,
+    built once), closed on exit."""
+    global _SESSIONS
+    if _SESSIONS is not None:  # nested: the outer plan owns them
+        yield
+        return
+    _SESSIONS = {}
+    try:
+        yield
+    finally:
+        sessions, _SESSIONS = _SESSIONS, None
+        for session in sessions.values():
+            session.close()
 
 
 def _summary(cache: TraceCache, key: dict, trace) -> TraceSummary:
@@ -311,7 +381,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
         lines = {name: (0, -(-max(trace.step_by_group.get(name, 0), 0) // anchor)) for name in groups}
         how = f"traced update at batch {anchor}, in proportion"
     how += f" ({note})" if note else ""
-    network_fixed = network_fixed_bytes(config)
+    network_fixed = tracer.network_fixed()
     components = [with_traced_step(replay, lines[ComponentName.REPLAY], f"sampling and priorities: {how}")]
     her_text = f"future-goal relabelling: {how}" if config.replay.her else "replay.her = false"
     components.append(with_traced_step(Component(ComponentName.HER, 0, 0, ""), lines[ComponentName.HER], her_text))
@@ -380,6 +450,11 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
     not linear in the batch. So a batch beyond ``GRAPH_POOL_BATCHES`` is planned with the step's components in
     proportion to one trace at that batch: a profile or user batch is checked there; an auto batch is searched
     (``refine_auto_batch``)."""
+    with traced_sessions():  # one stand-in system per traced capacity, built once for every trace below
+        return _plan_for_device(config, device, inputs)
+
+
+def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None) -> Plan:
     config = resolve_device(config, device)
     profiles = load_profiles(config.budget.profiles_dir or None)
     profile, profile_note = profile_with_note(profile_name_of(device, profiles), profiles) \

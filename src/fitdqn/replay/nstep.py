@@ -37,9 +37,13 @@ class NStepReturns:
         self.storage = storage
         self.n_step = int(n_step)
         self.gamma = float(gamma)
-        self.offsets = torch.arange(self.n_step, device=device) * storage.num_envs  # [n]
-        powers = torch.arange(self.n_step + 1, device=device, dtype=torch.float64)
-        self.gamma_powers = (self.gamma ** powers).to(torch.float32)  # [n + 1]
+        # constants from host lists (gamma^k in float64, then float32), not device arithmetic: on the 'meta' device
+        # of the planner's replay sizing a factory is free, while the first arange or pow there imports torch's
+        # Python decompositions (about 1.5 s)
+        self.offsets = torch.tensor([k * storage.num_envs for k in range(self.n_step)], dtype=torch.int64,
+                                    device=device)  # [n]
+        self.gamma_powers = torch.tensor([self.gamma ** k for k in range(self.n_step + 1)], dtype=torch.float32,
+                                         device=device)  # [n + 1] (host floats rounded to f32 once)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.offsets, self.gamma_powers]

@@ -26,7 +26,9 @@ class RingStorage:
         self.fields = {name: torch.zeros(f.batched(capacity), dtype=f.dtype, device=self.device)
                        for name, f in self.spec.items()}
         self.written = torch.zeros((), dtype=torch.int64, device=self.device)  # steps written so far
-        self.env_offsets = torch.arange(self.num_envs, device=self.device)  # [E]
+        # built from a host list, not torch.arange: on the 'meta' device of the planner's replay sizing a factory
+        # is free, while the first arange there imports torch's Python decompositions (about 1.5 s)
+        self.env_offsets = torch.tensor(range(self.num_envs), dtype=torch.int64, device=self.device)  # [E]
 
     def tensors(self) -> list[torch.Tensor]:
         return [*self.fields.values(), self.written, self.env_offsets]
