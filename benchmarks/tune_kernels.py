@@ -2,11 +2,11 @@
 
 Times the fused IQN head's backward and forward kernels (``fitdqn.ops.iqn_triton``) and the quantile Huber
 kernel (``fitdqn.ops.quantile_huber_triton``) alone, at the update's shapes (N = N' = 64, E = 64, d = 256,
-15 outputs, 3 branches, bf16), for a list of launch shapes each: slice width, warps, pipeline stages and, for
-the backward, the number of batch programs P (``fitdqn.ops.iqn.WEIGHT_GRAD_PROGRAMS``) and the form of out_w's
-gradient; for the quantile Huber loss, the kernel ('pairs' or 'rows'), its warps and whether the 'rows' loop is
-unrolled (each checked against the closed form). Each backward shape is
-checked against the first (the partial sums are reduced over P; only the summation order may differ).
+15 outputs, 3 branches, bf16), for a list of launch shapes each: slice width, warps, pipeline stages and, for the
+backward, the kernel ('rows' or 'transposed', ``fitdqn.ops.iqn_triton.BACKWARD_KERNEL``) and the number of batch
+programs P (``fitdqn.ops.iqn.WEIGHT_GRAD_PROGRAMS``); for the quantile Huber loss, the kernel ('pairs' or 'rows'),
+its warps and whether the 'rows' loop is unrolled. Each backward shape is checked against the first (the partial
+sums are reduced over P; only the summation order may differ), each Huber kernel against the closed form.
 
     PYTHONPATH=src python benchmarks/tune_kernels.py --batch 8192 --out tune_kernels.json
 """
@@ -19,9 +19,10 @@ import sys
 
 import torch
 
-BACKWARD_SHAPES = [  # (P, BLOCK_D, warps, stages, out_w's gradient transposed); the first is the reference
-    (128, 128, 4, 2, False), (128, 128, 4, 2, True), (128, 128, 4, 1, True), (128, 64, 4, 2, True),
-    (128, 64, 4, 1, True), (264, 128, 4, 2, True), (128, 128, 8, 2, True), (128, 64, 4, 1, False),
+BACKWARD_SHAPES = [  # (kernel, P, BLOCK_D, warps, stages); the first is the reference the others are checked against
+    ("rows", 128, 128, 4, 2), ("transposed", 128, 128, 8, 2), ("transposed", 128, 128, 8, 1),
+    ("transposed", 128, 64, 4, 2), ("transposed", 128, 64, 4, 1), ("transposed", 264, 128, 8, 2),
+    ("transposed", 66, 128, 8, 2), ("transposed", 128, 128, 4, 2), ("transposed", 128, 256, 16, 2),
 ]
 FORWARD_SHAPES = [(64, 4, 2), (64, 4, 3), (128, 4, 2), (64, 8, 2), (32, 4, 2)]  # (BLOCK_D, warps, stages)
 HUBER_SHAPES = [  # (kernel, warps, unrolled loop over the targets: 'rows' only)
@@ -67,23 +68,29 @@ def main() -> int:
     frequencies = torch.arange(e, device=device, dtype=torch.float32) * torch.pi
     w1, b1, w2, b2, grad = randn(d, e) * 0.1, randn(d) * 0.1, randn(o, d) * 0.1, randn(o) * 0.1, randn(batch, n, o)
     saved = (ops_iqn.WEIGHT_GRAD_PROGRAMS, iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS,
-             iqn_triton.BACKWARD_STAGES, iqn_triton.BACKWARD_W2_TRANSPOSED, iqn_triton.FORWARD_BLOCK_D,
+             iqn_triton.BACKWARD_STAGES, iqn_triton.BACKWARD_KERNEL, iqn_triton.TRANSPOSED_BLOCK_D,
+             iqn_triton.TRANSPOSED_WARPS, iqn_triton.TRANSPOSED_STAGES, iqn_triton.FORWARD_BLOCK_D,
              iqn_triton.FORWARD_WARPS, iqn_triton.FORWARD_STAGES, huber.KERNEL, huber.WARPS, huber.ROWS_WARPS,
              huber.ROWS_UNROLL)
     rows, first = [], None
     try:
-        for programs, block_d, warps, stages, transposed in BACKWARD_SHAPES if "iqn_backward" in kernels else ():
+        for kernel, programs, block_d, warps, stages in BACKWARD_SHAPES if "iqn_backward" in kernels else ():
             ops_iqn.WEIGHT_GRAD_PROGRAMS = programs
-            iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS, iqn_triton.BACKWARD_STAGES = block_d, warps, stages
-            iqn_triton.BACKWARD_W2_TRANSPOSED = transposed
+            iqn_triton.BACKWARD_KERNEL = kernel
+            if kernel == "rows":
+                iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS = block_d, warps
+                iqn_triton.BACKWARD_STAGES = stages
+            else:
+                iqn_triton.TRANSPOSED_BLOCK_D, iqn_triton.TRANSPOSED_WARPS = block_d, warps
+                iqn_triton.TRANSPOSED_STAGES = stages
             backward = lambda: iqn_triton.fused_quantile_grads(grad, features, taus, frequencies, w1, b1, w2,  # noqa
                                                                torch.bfloat16)
             out = backward()
             sums = [out[0], *(part.sum(0) for part in out[1:])]
             first = first or sums
             error = max(((a - b).norm() / b.norm().clamp_min(1e-12)).item() for a, b in zip(sums, first, strict=True))
-            rows.append({"kernel": "iqn_backward", "programs": programs, "block_d": block_d, "warps": warps,
-                         "stages": stages, "w2_transposed": transposed, "ms": milliseconds(backward, args.reps),
+            rows.append({"kernel": "iqn_backward", "variant": kernel, "programs": programs, "block_d": block_d,
+                         "warps": warps, "stages": stages, "ms": milliseconds(backward, args.reps),
                          "error_vs_first": error})
             print(json.dumps(rows[-1]), flush=True)
         for block_d, warps, stages in FORWARD_SHAPES if "iqn_forward" in kernels else ():
@@ -106,7 +113,8 @@ def main() -> int:
             print(json.dumps(rows[-1]), flush=True)
     finally:
         (ops_iqn.WEIGHT_GRAD_PROGRAMS, iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS,
-         iqn_triton.BACKWARD_STAGES, iqn_triton.BACKWARD_W2_TRANSPOSED, iqn_triton.FORWARD_BLOCK_D,
+         iqn_triton.BACKWARD_STAGES, iqn_triton.BACKWARD_KERNEL, iqn_triton.TRANSPOSED_BLOCK_D,
+         iqn_triton.TRANSPOSED_WARPS, iqn_triton.TRANSPOSED_STAGES, iqn_triton.FORWARD_BLOCK_D,
          iqn_triton.FORWARD_WARPS, iqn_triton.FORWARD_STAGES, huber.KERNEL, huber.WARPS, huber.ROWS_WARPS,
          huber.ROWS_UNROLL) = saved
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": batch, "rows": rows}
