@@ -42,13 +42,13 @@ import triton.language as tl
 from fitdqn.ops.iqn import tile_geometry
 from fitdqn.ops.kernels import on_device
 
-# Launch shapes ('rows' backward), timed on an H200 (Triton 3.6, bf16, B = 8192, N = 64, d = 256; benchmarks/tune_kernels.py,
-# BENCHMARKS.md): forward 0.165 ms at 64-column slices, 4 warps, 2 stages (3 stages 0.183, 128 columns 0.194,
-# 8 warps 0.323). Backward 1.32 ms at 128-column slices, 4 warps, 2 stages; 64 columns 1.40-1.63 ms (1-3
-# stages), 32 columns 2.27-2.32 ms, 8 warps 1.75-3.69 ms; the number of batch programs P moved it by less than
-# 3 % from 128 up (33 programs: 2.9 ms). The wide slices spill registers (ptxas -v of Triton 3.9 for sm_90: the
-# 32-column backward takes 246 registers, wider ones more than 255), but recompute the cosines and reload the
-# tile's rows fewer times (twice at d = 256). A 64-row tile is one warpgroup's wgmma: 8 warps hold it twice.
+# Launch shapes of the 'rows' backward and the forward, timed on an H200 (Triton 3.6, bf16, B = 8192, N = 64,
+# d = 256; benchmarks/tune_kernels.py, BENCHMARKS.md): forward 0.165 ms at 64-column slices, 4 warps, 2 stages
+# (3 stages 0.183, 128 columns 0.194, 8 warps 0.323). Backward 1.32 ms at 128-column slices, 4 warps, 2 stages;
+# 64 columns 1.40-1.63 ms (1-3 stages), 32 columns 2.27-2.32 ms, 8 warps 1.75-3.69 ms; the number of batch
+# programs P moved it by less than 3 % from 128 up (33 programs: 2.9 ms). The wide slices spill registers, but
+# recompute the cosines and reload the tile's rows fewer times (twice at d = 256). A 64-row tile is one
+# warpgroup's wgmma: 8 warps hold it twice.
 FORWARD_BLOCK_D, FORWARD_WARPS, FORWARD_STAGES = 64, 4, 2
 BACKWARD_BLOCK_D, BACKWARD_WARPS, BACKWARD_STAGES = 128, 4, 2
 # the backward kernel (module docstring): 'transposed' or 'rows'; 'transposed' at 128 columns, 8 warps (two
