@@ -2,16 +2,24 @@
 
 The closed form of :func:`fitdqn.ops.quantile_huber.quantile_huber_sorted` avoids the pairwise ``[B, N, N', C]``
 tensors in memory at the price of a sort, prefix sums, three binary searches and about forty float64 passes over
-``[B, C, N]`` (0.73 ms of the update at batch 8192 on an H200). Here one program owns one sample: for each of its
-C columns it loads the N predictions, the N' targets and the N levels, forms the ``[N, N']`` pairs in registers
-(64 x 64 = 4096 numbers: nothing is written but the results) and reduces them at once:
+``[B, C, N]`` (0.73 ms of the update at batch 8192 on an H200). The kernels here form the pairs in registers and
+write nothing but the results:
 
     u_ij = t_j - p_i,   rho_ij = |tau_i - 1{u_ij < 0}| * Huber_kappa(u_ij) / kappa
     loss_b = mean_c sum_i mean_j rho_ij             (the reduction of ``quantile_huber_loss``)
     d loss_b / d p_i = -mean_j |tau_i - 1{u_ij < 0}| * clamp(u_ij, -kappa, kappa) / (kappa * C)
 
-in fp32 (sums of 64 terms: far inside fp32's precision). Grid ``[B]``, ``WARPS`` warps per program (timed on an
-H200 at B = 8192, N = N' = 64, 3 columns: 1 warp 0.739 ms, 2 warps 0.278, 4 warps 0.323, 8 warps 0.351).
+in fp32 (sums of 64 terms: far inside fp32's precision). ``KERNEL`` picks one:
+
+- ``'rows'`` (``_rows_kernel``, the default): one (sample, quantile i) row a lane, 32 rows a warp, ``ROWS_WARPS``
+  warps a program; for each column the lane walks the N' targets in a loop (unrolled when ``ROWS_UNROLL``), each
+  target loaded once per sample (one address across the sample's lanes), and keeps its two sums in registers: the
+  only reduction across lanes is the per-sample loss at the end. Compiled for sm_90 by Triton 3.6: 32 registers,
+  no stack, so full occupancy (two rows a lane: 255 registers and spills, hence one). Chosen from that, not yet
+  timed against 'pairs' (``benchmarks/tune_kernels.py`` times both).
+- ``'pairs'`` (``_quantile_huber_kernel``): one program a sample, the ``[N, N']`` tile of each column at once,
+  reduced along j across the program's lanes. Grid ``[B]``, ``WARPS`` warps a program (timed on an H200 at
+  B = 8192, N = N' = 64, 3 columns: 1 warp 0.739 ms, 2 warps 0.278, 4 warps 0.323, 8 warps 0.351).
 """
 
 from __future__ import annotations
@@ -22,11 +30,9 @@ import triton.language as tl
 
 from fitdqn.ops.kernels import on_device
 
-KERNEL = "rows"  # 'rows' (a row a lane, loop over the targets) or 'pairs' (the [N, N'] tile a program)
-WARPS = 2  # the 'pairs' kernel
-# the 'rows' kernel: warps a program (a row a lane: 32 rows a warp; with two rows a lane ptxas spills) and whether the
-# loop over the targets is unrolled
-ROWS_WARPS, ROWS_UNROLL = 8, True
+KERNEL = "rows"  # 'rows' or 'pairs' (module docstring)
+WARPS = 2  # the 'pairs' kernel's warps a program
+ROWS_WARPS, ROWS_UNROLL = 8, True  # the 'rows' kernel's warps a program and whether its loop over targets unrolls
 
 
 def fused_quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float
