@@ -9,10 +9,15 @@ import torch.nn.functional as F
 from storage_log import StorageLog
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from fitdqn.config import Config, with_overrides
+from fitdqn.learn import Learner, random_batch
 from fitdqn.nets.trunk import TokenMLP
 from fitdqn.ops.linear_relu import linear_relu
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+SMALL_NET = {"net.window": 4, "net.trunk_hidden": 32, "net.d_model": 16, "net.attention_heads": 4,
+             "net.stream_hidden": 16, "net.num_atoms": 11, "net.iqn_embedding": 8, "net.iqn_quantiles": 8,
+             "net.iqn_act_quantiles": 4, "net.iqn_chunk": 3, "net.iql_hidden": 16}
 
 
 def layer(in_features=24, out_features=40, rows=33, device="cpu", seed=0):
@@ -102,3 +107,25 @@ def test_fused_trunk_equals_the_plain_trunk(device):
         outs.append([out.detach().float(), *(p.grad for p in trunk.parameters())])
     for got, expected in zip(outs[1], outs[0], strict=True):
         torch.testing.assert_close(got, expected, rtol=2e-2 if dtype else 1e-5, atol=2e-2 if dtype else 1e-6)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_update_with_the_fused_operators_equals_the_plain_one_on_the_cpu(precision):
+    """``net.kernels = 'triton'`` on the CPU runs the operators' reference maths and the fused trunk: the same update
+    as ``'torch'`` (losses, priorities, and the parameters after the step), from the same seed."""
+    results = []
+    for kernels in ("torch", "triton"):
+        config = with_overrides(Config(), {**SMALL_NET, "net.kernels": kernels, "learn.precision": precision})
+        torch.manual_seed(0)
+        learner = Learner(config, 10, "cpu")
+        batch = random_batch(config, 10, 24, "cpu", seed=0)
+        assert learner.online.tokens.fused is (kernels == "triton")
+        torch.manual_seed(1)  # the update's taus
+        out = learner.update(batch)
+        results.append((out, [p.detach().clone() for p in learner.params]))
+    (plain, plain_params), (fused, fused_params) = results
+    tolerance = dict(rtol=1e-4, atol=1e-5) if precision == "fp32" else dict(rtol=2e-2, atol=2e-3)
+    for key in ("loss", "c51_loss", "iqn_loss", "iql_loss", "priorities", "grad_norm"):
+        torch.testing.assert_close(fused[key], plain[key], **tolerance, msg=key)
+    for got, expected in zip(fused_params, plain_params, strict=True):
+        torch.testing.assert_close(got, expected, **tolerance)
