@@ -12,7 +12,9 @@ caps, caches, graphs and loaded kernels do not leak between cards):
    the free-memory check of step 3;
 2. plan with ``budget.batch_size = 0`` and ``budget.max_batch`` lifted (so the planned batch is the largest the
    plan says fits, not a clamp), allocate everything (``Trainer``), train 2 short epochs under the trainer's
-   ``OomGuard`` and count out-of-memory errors: **must be 0**;
+   ``OomGuard``, each followed by the validation backtest a run makes (as `fitdqn train` does: its default
+   stream's cuBLAS workspace and its forward's transients are part of a run), and count out-of-memory errors:
+   **must be 0**;
 3. compare the plan with what the run took: the allocator's peak reserved bytes (``max_memory_reserved``:
    tensors, CUDA-graph pools, the cache) against the planned bytes less the budgeted driver-side bytes, and the
    drop in driver-level free memory (``mem_get_info``, everything the process took) against all planned bytes:
@@ -124,6 +126,7 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
 
     from fitdqn.config import with_overrides
     from fitdqn.device.probe import DeviceInfo
+    from fitdqn.evaluate.compare import evaluate_split
     from fitdqn.plan.planner import InfeasiblePlan
     from fitdqn.train.oom import OomGuard
     from fitdqn.train.trainer import Trainer
@@ -186,6 +189,9 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
     row["phase"] = "training"
     for _ in range(args.epochs):
         stats = guard.run_epoch()
+        # each epoch ends with the run's validation backtest, as `fitdqn train` does (train.eval_every = 1)
+        guard.run("evaluation", evaluate_split, trainer.learner, trainer.market_on_device, trainer.config,
+                  "validation", baselines=False)
         row.setdefault("epochs", []).append({"updates": stats.updates, "seconds": round(stats.seconds, 3),
                                              "batch": trainer.batch_size})
     torch.cuda.synchronize(device)

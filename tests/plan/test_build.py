@@ -94,6 +94,7 @@ def driver_profile(folder, name: str, pattern: str, driver: str) -> None:
 
 
 def test_cuda_driver_is_the_profiles_driver_bytes_else_the_defaults(tmp_path):
+    from fitdqn.memory.allocator_model import expandable_segments_enabled
     from fitdqn.memory.overhead import cuda_overhead_component
     from fitdqn.plan.build import device_overhead_components
 
@@ -104,7 +105,7 @@ def test_cuda_driver_is_the_profiles_driver_bytes_else_the_defaults(tmp_path):
     for name, driver in (("Test Card", 300_000_000), ("Other Card", 200_000_000), ("Unknown", 200_000_000)):
         device = dataclasses.replace(what_if(name, 80 * 2**30, 79 * 2**30), compute_capability=(9, 0))
         workspaces, cuda_driver = device_overhead_components(config, device)
-        assert workspaces == cuda_overhead_component((9, 0))
+        assert workspaces == cuda_overhead_component((9, 0), expandable=expandable_segments_enabled())
         assert cuda_driver.name == "cuda_driver" and cuda_driver.fixed_bytes == driver, name
         assert "measured by `fitdqn profile` on Test Card" in cuda_driver.derived_from
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 
+from fitdqn.memory.allocator_model import LARGE_BUFFER
 from fitdqn.memory.component import Component
 
 DEFAULT_STREAMS = 2
@@ -55,12 +56,27 @@ def cublaslt_workspace_bytes(cublas_bytes: int) -> int:
     return int(configured) * 1024 if configured else cublas_bytes
 
 
-def cuda_overhead_component(compute_capability: tuple[int, int] | None, streams: int = DEFAULT_STREAMS) -> Component:
-    """cuBLAS + cuBLASLt workspaces for ``streams`` streams."""
+def cuda_overhead_component(compute_capability: tuple[int, int] | None, streams: int = DEFAULT_STREAMS,
+                            expandable: bool = False) -> Component:
+    """cuBLAS + cuBLASLt workspaces for ``streams`` streams.
+
+    The trainer makes them first on each stream (``device.blas.reserve_blas_workspaces``), one after the other. On
+    the default stream the replay follows them in the same segment; on each other stream (the capture stream)
+    little else stays allocated, so with ``expandable`` segments its workspaces keep their size rounded up to
+    whole 20 MiB pages mapped."""
     cublas, source = cublas_workspace_bytes(compute_capability)
     cublaslt = cublaslt_workspace_bytes(cublas)
-    return Component("cuda_overhead", streams * (cublas + cublaslt), 0,
-                     f"{streams} streams x (cuBLAS + cuBLASLt workspace, {source})")
+    per_stream = cublas + cublaslt
+    text = f"{streams} streams x (cuBLAS + cuBLASLt workspace, {source})"
+    rounding = 0
+    if expandable and streams > 1:
+        rounding = (streams - 1) * (-(-per_stream // LARGE_BUFFER) * LARGE_BUFFER - per_stream)
+        text += f" + {format_mib(rounding)} MiB: the capture stream's pair rounded up to whole 20 MiB pages"
+    return Component("cuda_overhead", streams * per_stream + rounding, 0, text)
+
+
+def format_mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:g}"
 
 
 def cuda_driver_component(driver_bytes: int, source: str) -> Component:

@@ -238,12 +238,13 @@ class Tracer:
         key = self.key(UPDATE, batch, capacity=capacity, pools=pools)
         return _summary(self.cache, key, lambda: TraceSummary.of(self.trace(capacity, UPDATE, batch, pools), pools))
 
-    def collect_peak(self, capacity: int) -> int:
-        """Peak of one collector step at ``collect.num_envs`` envs, beyond what is allocated before it."""
+    def collect(self, capacity: int, pools: bool = False) -> TraceSummary:
+        """One collector step at ``collect.num_envs`` envs (``step_bytes``: its peak beyond what is allocated
+        before it); with ``pools`` what the collector graph's own pool would reserve for it."""
         num_envs = self.config.collect.num_envs
-        key = self.key(COLLECT, num_envs, capacity=capacity)
+        key = self.key(COLLECT, num_envs, capacity=capacity, pools=pools)
         return _summary(self.cache, key, lambda: TraceSummary.of(
-            self.trace(capacity, COLLECT, num_envs, False), False)).step_bytes
+            self.trace(capacity, COLLECT, num_envs, pools), pools))
 
     def network_fixed(self) -> dict[str, int]:
         """``network_fixed_bytes`` of the traced config, from memory, else the disk cache, else counted."""
@@ -368,7 +369,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     traced_config, note = trace_config(config, device)
     tracer = tracer_for(config, device, traced_config, inputs.num_bars)
     graphs = device.kind == "cuda" and config.train.cuda_graphs
-    collect_peak = tracer.collect_peak(capacity)
+    collect = tracer.collect(capacity, pools=graphs)
     groups = (*MEMORY_GROUPS, ComponentName.REPLAY, ComponentName.HER, OTHER)
     if anchor is None:  # lines through two traces, above both
         first, second = (tracer.step(capacity, b, pools=graphs and b in GRAPH_POOL_BATCHES) for b in lines_at)
@@ -385,12 +386,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     components = [with_traced_step(replay, lines[ComponentName.REPLAY], f"sampling and priorities: {how}")]
     her_text = f"future-goal relabelling: {how}" if config.replay.her else "replay.her = false"
     components.append(with_traced_step(Component(ComponentName.HER, 0, 0, ""), lines[ComponentName.HER], her_text))
-    components.append(Component(
-        ComponentName.COLLECTOR,
-        inputs.market_bytes + env_state_bytes(num_envs) + collect_peak,
-        0,
-        f"market tensors ({inputs.num_bars} bars) + env state ({num_envs} envs) + traced collector step peak",
-    ))
+    components.append(collector_component(inputs, num_envs, collect))
     components.extend(overhead)
     for name in MEMORY_GROUPS:
         components.append(Component(
@@ -410,6 +406,22 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     ))
     components.append(cuda_graphs_component(config, device, tracer, capacity, note, anchor))
     return components, capacity
+
+
+def collector_component(inputs: PlanInputs, num_envs: int, collect: TraceSummary) -> Component:
+    """The market's tensors, the env's state and one collector step; captured in a CUDA graph (``collect`` traced
+    with pools), the step's live peak is what the graph's own private pool reserves for it (the allocator model
+    over the traced step: segments and, with expandable segments, whole 20 MiB and 2 MiB pages)."""
+    text = f"market tensors ({inputs.num_bars} bars) + env state ({num_envs} envs) + traced collector step peak"
+    step = collect.step_bytes
+    if collect.pools:
+        expandable = expandable_segments_enabled()
+        pool = collect.pool(expandable).reserved_bytes
+        text += (f", held in the collector graph's pool: {format_bytes(pool)} reserved for its "
+                 f"{format_bytes(step)} live peak (allocator model, "
+                 f"{'expandable segments' if expandable else 'default allocator'})")
+        step = max(step, pool)
+    return Component(ComponentName.COLLECTOR, inputs.market_bytes + env_state_bytes(num_envs) + step, 0, text)
 
 
 def with_traced_step(component: Component, line: tuple[int, int], how: str) -> Component:
@@ -435,7 +447,7 @@ def device_overhead_components(config: Config, device: DeviceInfo) -> list[Compo
     if device.kind != "cuda":
         return [Component(ComponentName.CUDA_OVERHEAD, 0, 0, "CPU device: none")]
     driver_bytes, source = profile_driver_bytes(config, device)
-    components = [cuda_overhead_component(device.compute_capability)]
+    components = [cuda_overhead_component(device.compute_capability, expandable=expandable_segments_enabled())]
     if driver_bytes:
         components.append(cuda_driver_component(driver_bytes, source))
     return components

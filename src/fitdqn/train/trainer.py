@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from fitdqn.config import Config, config_to_dict, dump_config
+from fitdqn.device.blas import reserve_blas_workspaces
 from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.errors import UserError
@@ -88,11 +89,12 @@ class Trainer:
     def _allocate(self) -> None:
         """The one assembly (``fitdqn.system.build_system``) on the real device, each part measured."""
         config, device = self.config, self.device
+        # one side stream for every graph capture: each stream gets its own cuBLAS workspaces, made first
+        self.capture_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        reserve_blas_workspaces(device, (None, self.capture_stream))
         self.system = build_system(
             config, self.market, device, capacity=self.plan.budgets.replay_capacity, batch_size=self.batch_size,
             epsilon_decay_steps=self.schedule.epsilon_decay_steps, measure=self.ledger.measure)
-        # one side stream for every graph capture: each stream gets its own cuBLAS workspaces
-        self.capture_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     # the system's parts, by name (run, bench, checkpoints and the distributed job read them)
     market_on_device = property(lambda self: self.system.market)
