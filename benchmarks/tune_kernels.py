@@ -2,9 +2,11 @@
 
 Times the fused IQN head's backward and forward kernels (``fitdqn.ops.iqn_triton``) and the quantile Huber
 kernel (``fitdqn.ops.quantile_huber_triton``) alone, at the update's shapes (N = N' = 64, E = 64, d = 256,
-15 outputs, 3 branches, bf16), for a list of launch shapes each: slice width, warps, pipeline stages and, for
-the backward, the number of batch programs P (``fitdqn.ops.iqn.WEIGHT_GRAD_PROGRAMS``). Each backward shape is
-checked against the first (the partial sums are reduced over P; only the summation order may differ).
+15 outputs, 3 branches, bf16), for a list of launch shapes each: slice width, warps, pipeline stages and, for the
+backward, the kernel ('rows' or 'transposed', ``fitdqn.ops.iqn_triton.BACKWARD_KERNEL``) and the number of batch
+programs P (``fitdqn.ops.iqn.WEIGHT_GRAD_PROGRAMS``); for the quantile Huber loss, the kernel ('pairs' or 'rows'),
+its warps and whether the 'rows' loop is unrolled. Each backward shape is checked against the first (the partial
+sums are reduced over P; only the summation order may differ), each Huber kernel against the closed form.
 
     PYTHONPATH=src python benchmarks/tune_kernels.py --batch 8192 --out tune_kernels.json
 """
@@ -17,14 +19,17 @@ import sys
 
 import torch
 
-BACKWARD_SHAPES = [  # (P, BLOCK_D, warps, stages)
-    (128, 32, 4, 3), (33, 32, 4, 3), (132, 32, 4, 3), (528, 32, 4, 3), (132, 32, 4, 1), (132, 32, 8, 3),
-    (132, 64, 4, 2), (132, 64, 4, 1), (132, 64, 4, 3), (33, 64, 4, 2), (264, 64, 4, 2), (528, 64, 4, 2),
-    (132, 64, 8, 2), (132, 128, 4, 2), (132, 128, 4, 1), (132, 128, 8, 2), (264, 128, 4, 2), (132, 256, 4, 1),
-    (132, 256, 4, 2),
+BACKWARD_SHAPES = [  # (kernel, P, BLOCK_D, warps, stages); the first is the reference the others are checked against
+    ("rows", 128, 128, 4, 2), ("transposed", 128, 128, 8, 2), ("transposed", 128, 128, 8, 1),
+    ("transposed", 128, 64, 4, 2), ("transposed", 128, 64, 4, 1), ("transposed", 264, 128, 8, 2),
+    ("transposed", 66, 128, 8, 2), ("transposed", 128, 128, 4, 2), ("transposed", 128, 256, 16, 2),
 ]
 FORWARD_SHAPES = [(64, 4, 2), (64, 4, 3), (128, 4, 2), (64, 8, 2), (32, 4, 2)]  # (BLOCK_D, warps, stages)
-HUBER_WARPS = [1, 2, 4, 8]
+HUBER_SHAPES = [  # (kernel, warps, unrolled loop over the targets: 'rows' only)
+    ("pairs", 2, False), ("rows", 8, True), ("rows", 8, False), ("rows", 4, True), ("rows", 4, False),
+    ("rows", 2, False), ("rows", 16, False),
+]
+KERNELS = ("iqn_backward", "iqn_forward", "quantile_huber")
 
 
 def milliseconds(fn, reps: int) -> float:
@@ -44,6 +49,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8192)
     parser.add_argument("--reps", type=int, default=20, help="timed launches per shape")
     parser.add_argument("--out", default="tune_kernels.json")
+    parser.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated: " + ", ".join(KERNELS))
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("tune_kernels needs a CUDA GPU", file=sys.stderr)
@@ -51,6 +57,9 @@ def main() -> int:
     from fitdqn.ops import iqn as ops_iqn
     from fitdqn.ops import iqn_triton
     from fitdqn.ops import quantile_huber_triton as huber
+    from fitdqn.ops.quantile_huber import quantile_huber_sorted
+
+    kernels = args.kernels.split(",")
 
     device, (batch, n, e, d, o) = "cuda", (args.batch, 64, 64, 256, 15)
     generator = torch.Generator(device=device).manual_seed(0)
@@ -59,39 +68,55 @@ def main() -> int:
     frequencies = torch.arange(e, device=device, dtype=torch.float32) * torch.pi
     w1, b1, w2, b2, grad = randn(d, e) * 0.1, randn(d) * 0.1, randn(o, d) * 0.1, randn(o) * 0.1, randn(batch, n, o)
     saved = (ops_iqn.WEIGHT_GRAD_PROGRAMS, iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS,
-             iqn_triton.BACKWARD_STAGES, iqn_triton.FORWARD_BLOCK_D, iqn_triton.FORWARD_WARPS,
-             iqn_triton.FORWARD_STAGES, huber.WARPS)
+             iqn_triton.BACKWARD_STAGES, iqn_triton.BACKWARD_KERNEL, iqn_triton.TRANSPOSED_BLOCK_D,
+             iqn_triton.TRANSPOSED_WARPS, iqn_triton.TRANSPOSED_STAGES, iqn_triton.FORWARD_BLOCK_D,
+             iqn_triton.FORWARD_WARPS, iqn_triton.FORWARD_STAGES, huber.KERNEL, huber.WARPS, huber.ROWS_WARPS,
+             huber.ROWS_UNROLL)
     rows, first = [], None
     try:
-        for programs, block_d, warps, stages in BACKWARD_SHAPES:
+        for kernel, programs, block_d, warps, stages in BACKWARD_SHAPES if "iqn_backward" in kernels else ():
             ops_iqn.WEIGHT_GRAD_PROGRAMS = programs
-            iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS, iqn_triton.BACKWARD_STAGES = block_d, warps, stages
+            iqn_triton.BACKWARD_KERNEL = kernel
+            if kernel == "rows":
+                iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS = block_d, warps
+                iqn_triton.BACKWARD_STAGES = stages
+            else:
+                iqn_triton.TRANSPOSED_BLOCK_D, iqn_triton.TRANSPOSED_WARPS = block_d, warps
+                iqn_triton.TRANSPOSED_STAGES = stages
             backward = lambda: iqn_triton.fused_quantile_grads(grad, features, taus, frequencies, w1, b1, w2,  # noqa
                                                                torch.bfloat16)
             out = backward()
             sums = [out[0], *(part.sum(0) for part in out[1:])]
             first = first or sums
             error = max(((a - b).norm() / b.norm().clamp_min(1e-12)).item() for a, b in zip(sums, first, strict=True))
-            rows.append({"kernel": "iqn_backward", "programs": programs, "block_d": block_d, "warps": warps,
-                         "stages": stages, "ms": milliseconds(backward, args.reps), "error_vs_first": error})
+            rows.append({"kernel": "iqn_backward", "variant": kernel, "programs": programs, "block_d": block_d,
+                         "warps": warps, "stages": stages, "ms": milliseconds(backward, args.reps),
+                         "error_vs_first": error})
             print(json.dumps(rows[-1]), flush=True)
-        for block_d, warps, stages in FORWARD_SHAPES:
+        for block_d, warps, stages in FORWARD_SHAPES if "iqn_forward" in kernels else ():
             iqn_triton.FORWARD_BLOCK_D, iqn_triton.FORWARD_WARPS, iqn_triton.FORWARD_STAGES = block_d, warps, stages
             forward = lambda: iqn_triton.fused_quantiles(features, taus, frequencies, w1, b1, w2, b2,  # noqa: E731
                                                          torch.bfloat16)
             rows.append({"kernel": "iqn_forward", "block_d": block_d, "warps": warps, "stages": stages,
                          "ms": milliseconds(forward, args.reps)})
             print(json.dumps(rows[-1]), flush=True)
-        pred, target = randn(batch, n, 3).bfloat16(), randn(batch, n, 3).bfloat16()
-        for warps in HUBER_WARPS:
-            huber.WARPS = warps
+        pred, target = randn(batch, n, 3), randn(batch, n, 3)
+        ref_loss, ref_grad = quantile_huber_sorted(pred, target, taus, 1.0)  # fp64 inside: the oracle
+        for kernel, warps, unroll in HUBER_SHAPES if "quantile_huber" in kernels else ():
+            huber.KERNEL, huber.WARPS, huber.ROWS_WARPS, huber.ROWS_UNROLL = kernel, warps, warps, unroll
             loss = lambda: huber.fused_quantile_huber(pred, target, taus, 1.0)  # noqa: E731
-            rows.append({"kernel": "quantile_huber", "warps": warps, "ms": milliseconds(loss, args.reps)})
+            got_loss, got_grad = loss()
+            error = max(((got_loss - ref_loss).abs().max() / ref_loss.abs().max()).item(),
+                        ((got_grad - ref_grad).abs().max() / ref_grad.abs().max()).item())
+            rows.append({"kernel": "quantile_huber", "variant": kernel, "warps": warps, "unrolled": unroll,
+                         "ms": milliseconds(loss, args.reps), "error_vs_closed_form": error})
             print(json.dumps(rows[-1]), flush=True)
     finally:
         (ops_iqn.WEIGHT_GRAD_PROGRAMS, iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS,
-         iqn_triton.BACKWARD_STAGES, iqn_triton.FORWARD_BLOCK_D, iqn_triton.FORWARD_WARPS,
-         iqn_triton.FORWARD_STAGES, huber.WARPS) = saved
+         iqn_triton.BACKWARD_STAGES, iqn_triton.BACKWARD_KERNEL, iqn_triton.TRANSPOSED_BLOCK_D,
+         iqn_triton.TRANSPOSED_WARPS, iqn_triton.TRANSPOSED_STAGES, iqn_triton.FORWARD_BLOCK_D,
+         iqn_triton.FORWARD_WARPS, iqn_triton.FORWARD_STAGES, huber.KERNEL, huber.WARPS, huber.ROWS_WARPS,
+         huber.ROWS_UNROLL) = saved
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": batch, "rows": rows}
     with open(args.out, "w") as file:
         json.dump(result, file, indent=1)

@@ -32,6 +32,12 @@ CASES = [
     ("bf16-B7-N32", 7, 32, 256, 64, 15, "bfloat16", None),
     ("bf16-B9-N64-loop", 9, 64, 256, 64, 15, "bfloat16", 4),
     ("fp16-B3-N64", 3, 64, 256, 64, 15, "float16", None),
+    # the 'rows' backward kernel (iqn_triton.BACKWARD_KERNEL): cases named "-rows"
+    ("fp32-B9-N64-loop-rows", 9, 64, 256, 64, 15, "float32", 4),
+    ("bf16-B3-N64-rows", 3, 64, 256, 64, 15, "bfloat16", None),
+    ("fp32-B2-N100-rows", 2, 100, 256, 64, 15, "float32", None),
+    ("fp32-B19-N8-small-rows", 19, 8, 16, 8, 15, "float32", None),
+    ("bf16-B7-N32-rows", 7, 32, 256, 64, 15, "bfloat16", None),
 ]
 RESULTS = ("out", "grad_features", "grad_embed_w", "grad_embed_b", "grad_out_w", "grad_out_b")
 
@@ -92,8 +98,10 @@ def head_results(head, features, taus, upstream, dtype):
 def run_case(name, batch, quantiles, d_model, embedding, outputs, dtype_name, programs):
     from fitdqn.nets.iqn import IQNHead
     from fitdqn.ops import iqn as ops_iqn
+    from fitdqn.ops import iqn_triton
 
     ops_iqn.WEIGHT_GRAD_PROGRAMS = programs or 128
+    iqn_triton.BACKWARD_KERNEL = "rows" if "-rows" in name else "transposed"
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
     head = IQNHead(d_model, embedding, outputs, chunk=16, fused=True)

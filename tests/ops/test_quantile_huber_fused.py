@@ -33,9 +33,11 @@ def test_triton_kernel_in_the_interpreter_matches_the_closed_form():
     script = textwrap.dedent(f"""
         import torch
         from fitdqn.ops.quantile_huber import quantile_huber_sorted
+        from fitdqn.ops import quantile_huber_triton
         from fitdqn.ops.quantile_huber_triton import fused_quantile_huber
         worst = 0.0
-        for batch, n, m, columns, kappa in {SHAPES!r}:
+        for kernel, (batch, n, m, columns, kappa) in [(k, s) for k in ("rows", "pairs") for s in {SHAPES!r}]:
+            quantile_huber_triton.KERNEL = kernel
             g = torch.Generator().manual_seed(batch)
             pred = torch.randn(batch, n, columns, generator=g) * 2
             target = torch.randn(batch, m, columns, generator=g) * 2
@@ -48,7 +50,8 @@ def test_triton_kernel_in_the_interpreter_matches_the_closed_form():
                         (grad - ref_grad).abs().max().item())
         print(worst)
     """)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(SRC)}
+    path = os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))  # SRC first, then any triton
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout.strip().splitlines()[-1]) < 1e-5
