@@ -72,7 +72,7 @@ def test_help_all_shows_every_config_field():
     for section, section_type in section_types().items():
         for key in field_types(section_type):
             assert f"--{section}.{key}" in out, key
-    assert "--no-replay.her" in out  # booleans say how to turn them off
+    assert "--no-replay.prioritized" in out  # booleans say how to turn them off
 
 
 def subcommand(name: str):
@@ -123,7 +123,7 @@ def load_config_text(text: str, tmp_path) -> Config:
 
 
 @pytest.mark.parametrize("argv, her", [
-    ((), True), (("--replay.her",), True), (("--no-replay.her",), False), (("--replay.her", "false"), False),
+    ((), False), (("--replay.her",), True), (("--no-replay.her",), False), (("--replay.her", "false"), False),
     (("--replay.her", "no"), False), (("--no-replay.her", "--replay.her", "true"), True),
 ])
 def test_boolean_flags(argv, her):

@@ -121,8 +121,8 @@ class LearnConfig:
 
     gamma: float = knob(0.9, "discount per step", ge=0, le=1)
     n_step: int = knob(1, "n-step return length", ge=1)
-    lr: float = knob(5e-4, "Adam learning rate at batch learn.base_batch (scaled for the batch in use by "
-                     "learn.lr_scaling)", gt=0, le=1)
+    lr: float = knob(1e-3, "Adam learning rate at batch learn.base_batch (scaled for the batch in use by "
+                     "learn.lr_scaling, up to learn.lr_max)", gt=0, le=1)
     base_batch: int = knob(256, "the batch at which learn.lr, learn.target_tau and learn.target_period are given",
                            ge=1)
     lr_scaling: str = knob("sqrt", "learning rate at batch B: 'sqrt' (lr x sqrt(B / base_batch), the rule for Adam), "
@@ -165,7 +165,9 @@ class ReplayConfig:
     beta_end: float = knob(1.0, "importance-weight exponent at the end of training (linear in the run's env steps)",
                            ge=0, le=1)
     priority_eps: float = knob(1e-6, "added to |TD error| so no transition gets zero priority", gt=0)
-    her: bool = knob(True, "relabel goals with HER ('future' strategy)")
+    her: bool = knob(False, "relabel goals with HER ('future' strategy) and add the goal bonus to the reward; off "
+                     "by default: the bonus rewards crossing a goal, not the market's edge (on the synthetic market "
+                     "HER on gave a lower validation Sharpe, BENCHMARKS.md)")
     her_k: int = knob(4, "HER future goals per real goal: relabel probability k / (k + 1)", ge=0)
     min_fill: int = knob(10_000, "transitions stored before updates start (at most one epoch's: updates start in "
                          "the first epoch)", ge=0)
@@ -240,7 +242,9 @@ class TrainConfig:
     minutes: float = knob(0.0, "stop after this many minutes (0 = no limit)", ge=0)
     sample_reuse: float = knob(8.0, "samples drawn per transition collected: updates = reuse x collected / batch "
                                "(the run's total is exact at any batch)", gt=0)
-    min_updates: int = knob(200, "a run planned to make fewer updates than this is reported as too short", ge=0)
+    min_updates: int = knob(200, "floor of updates: a run whose train.sample_reuse x env steps / batch makes fewer "
+                            "draws more samples per transition to make this many (a large batch needs a minimum "
+                            "number of steps too); 0 = no floor", ge=0)
     cuda_graphs: bool = knob(True, "capture the update and collector step in CUDA graphs (CUDA only)")
     oom_retries: int = knob(4, "times the OOM guard re-plans an epoch (or retries an evaluation or checkpoint) "
                             "that ran out of device memory before the run stops", ge=0)

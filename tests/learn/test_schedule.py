@@ -100,10 +100,34 @@ def test_min_fill_never_delays_the_first_epoch():
     assert Schedule.from_config(config, 256).min_fill == 2048
 
 
-def test_a_run_below_the_floor_says_what_to_change():
-    config = with_overrides(for_device(Config(), "cpu"), {"train.epochs": 2})
-    warning = Schedule.from_config(config, 16384).warning()
+def test_a_run_below_the_floor_makes_the_floor_of_updates_and_says_so():
+    config = with_overrides(for_device(Config(), "cpu"), {"train.epochs": 2})  # 4,096 env steps x 8 = 32,768 samples
+    schedule = Schedule.from_config(config, 16384)  # 2 updates by reuse alone
+    assert schedule.floored and schedule.updates == config.train.min_updates == 200
+    assert schedule.samples == 200 * 16384 and schedule.sample_reuse == pytest.approx(200 * 16384 / 4096)
+    warning = schedule.warning()
     assert warning is not None and "train.sample_reuse" in warning and "train.min_updates" in warning
+    assert "floor" in dict(schedule.rows())["samples"]
+    unfloored = Schedule.from_config(with_overrides(config, {"train.min_updates": 0}), 16384)
+    assert unfloored.updates == 2 and unfloored.warning() is None
+
+
+def test_above_the_floor_the_samples_do_not_move_and_below_it_the_updates_do_not():
+    config = for_device(Config(), "cpu")  # 40,960 env steps x 8 = 327,680 samples
+    updates = {batch: Schedule.from_config(config, batch).updates for batch in (64, 256, 1024, 2048, 16384)}
+    assert updates == {64: 5120, 256: 1280, 1024: 320, 2048: 200, 16384: 200}  # 2048: 160 by reuse, floored
+    assert not Schedule.from_config(config, 1024).floored and Schedule.from_config(config, 2048).floored
+
+
+def test_the_trainer_spreads_the_floor_over_the_epochs():
+    config = with_overrides(for_device(Config(), "cpu"), {"train.epochs": 4, "train.min_updates": 10})
+    schedule = Schedule.from_config(config, 16384)
+    per_epoch, owed, done = schedule.env_steps_per_epoch, [], 0
+    for epoch in range(1, 5):
+        count = updates_owed(schedule.sample_reuse, epoch * per_epoch, done * 16384, 16384)
+        owed.append(count)
+        done += count
+    assert owed == [2, 3, 2, 3] and done == 10
 
 
 def test_renamed_keys_name_their_replacement():

@@ -1,4 +1,5 @@
-"""The small run every CPU training test builds on: tiny nets on 1,200 synthetic bars, 16 envs, batch 64."""
+"""The small run every CPU training test builds on: tiny nets on 1,200 synthetic bars, 16 envs, batch 64, no floor of
+updates (a test's run makes the updates its sample reuse gives, not train.min_updates)."""
 
 SMALL_RUN = {
     "market.data": "synthetic", "market.synthetic_bars": 1200, "market.episode_length": 32,
@@ -7,5 +8,5 @@ SMALL_RUN = {
     "collect.num_envs": 16, "collect.steps_per_epoch": 16,
     "replay.capacity": 4096, "replay.min_fill": 128,
     "budget.batch_size": 64,
-    "train.device": "cpu", "train.checkpoint_every": 2, "train.eval_seeds": 1,
+    "train.device": "cpu", "train.checkpoint_every": 2, "train.eval_seeds": 1, "train.min_updates": 0,
 }

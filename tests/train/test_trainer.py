@@ -128,3 +128,13 @@ def test_batch_size_moves_updates_not_samples(small_config, tmp_path):
     assert runs[32]["samples"] == runs[128]["samples"] == 2 * 2 * 256
     assert runs[32]["updates"] == 4 * runs[128]["updates"] == 32
     assert runs[32]["schedule"]["lr"] == pytest.approx(runs[128]["schedule"]["lr"] / 2)  # sqrt rule
+
+
+def test_a_batch_larger_than_the_replay_holds_learns_from_the_first_epoch(small_config, tmp_path):
+    """Batch 1024 over 4 epochs of 256 env steps, train.sample_reuse 4: one update per epoch from the first one
+    (drawn with replacement), not all four crammed into the epoch where the replay first holds a whole batch."""
+    seen = {}
+    config = small_config(**{"budget.batch_size": 1024, "train.sample_reuse": 4.0, "train.min_updates": 1})
+    report = train(config, tmp_path / "run", trainer_hook=lambda t: seen.setdefault("trainer", t))
+    assert report["updates"] == 4
+    assert [r["updates"] for r in seen["trainer"].history] == [1, 1, 1, 1]

@@ -19,8 +19,15 @@ not follow that choice. So a run is set by:
 * **exploration and importance-weight schedules as fractions of the run's env steps**: epsilon decays over
   ``learn.epsilon_decay_fraction`` of them, beta anneals from ``replay.beta_start`` to ``replay.beta_end``
   over all of them;
+* **a floor of updates** (``train.min_updates``): past a batch size, fewer, larger steps stop making the same
+  progress per sample (McCandlish et al. 2018, "An empirical model of large-batch training": a run needs at
+  least a minimum number of steps whatever its batch), and the learning-rate rule is capped. A run whose
+  ``reuse x env steps / batch`` falls below the floor draws more samples per transition so that it makes
+  ``train.min_updates`` updates (the plan table and the report say so); above the floor the samples are the same
+  at every batch;
 * **min_fill bounded by what the run collects**: updates start once ``min(replay.min_fill, one epoch's
-  transitions)`` are stored (and at least one batch can be sampled).
+  transitions)`` are stored, whatever the batch (a batch larger than the replay holds draws with replacement,
+  as prioritized sampling always does), so a large batch does not start learning epochs after a small one.
 
 :class:`Schedule` holds the values at one batch; the plan table and the run's report print it.
 """
@@ -62,6 +69,14 @@ def target_period_at(learn: LearnConfig, batch_size: int) -> int:
     return max(1, round(learn.target_period * learn.base_batch / batch_size))
 
 
+def floored_reuse(sample_reuse: float, min_updates: int, env_steps: int, batch_size: int) -> float:
+    """``sample_reuse``, or the larger reuse that makes ``min_updates`` updates of ``batch_size`` over ``env_steps``
+    (the floor of updates)."""
+    if env_steps <= 0 or updates_owed(sample_reuse, env_steps, 0, batch_size) >= min_updates:
+        return float(sample_reuse)
+    return min_updates * batch_size / env_steps
+
+
 def updates_owed(sample_reuse: float, collected: int, samples_done: int, batch_size: int) -> int:
     """Updates still owed after ``collected`` transitions, ``samples_done`` samples drawn so far."""
     return max(0, math.floor((sample_reuse * collected - samples_done) / batch_size + 1e-9))
@@ -74,9 +89,10 @@ class Schedule:
 
     batch_size: int
     epochs: int
+    requested_reuse: float  # train.sample_reuse
     env_steps_per_epoch: int  # num_envs x steps_per_epoch
     env_steps: int  # over the run
-    sample_reuse: float
+    sample_reuse: float  # the reuse the run draws: train.sample_reuse, or more where the floor of updates binds
     samples: int  # drawn over the run: updates x batch (<= reuse x env_steps)
     updates: int  # over the run
     lr: float
@@ -93,13 +109,15 @@ class Schedule:
         learn, train = config.learn, config.train
         per_epoch = config.collect.num_envs * config.collect.steps_per_epoch
         env_steps = per_epoch * train.epochs
-        updates = updates_owed(train.sample_reuse, env_steps, 0, batch_size)
+        reuse = floored_reuse(train.sample_reuse, train.min_updates, env_steps, batch_size)
+        updates = updates_owed(reuse, env_steps, 0, batch_size)
         return cls(
             batch_size=batch_size,
             epochs=train.epochs,
+            requested_reuse=train.sample_reuse,
             env_steps_per_epoch=per_epoch,
             env_steps=env_steps,
-            sample_reuse=train.sample_reuse,
+            sample_reuse=reuse,
             samples=updates * batch_size,
             updates=updates,
             lr=scaled_lr(learn, batch_size),
@@ -112,28 +130,33 @@ class Schedule:
         )
 
     @property
-    def too_short(self) -> bool:
-        return self.updates < self.min_updates
+    def floored(self) -> bool:
+        """The floor of updates binds: the run draws more than ``train.sample_reuse`` samples per transition."""
+        return self.sample_reuse > self.requested_reuse
 
     def warning(self) -> str | None:
-        """What to change when the run makes fewer updates than ``train.min_updates``; else None."""
-        if not self.too_short:
+        """What the floor of updates changed, and how to avoid it; None where it does not bind."""
+        if not self.floored:
             return None
         return (
-            f"this run makes only {self.updates:,} updates (train.min_updates = {self.min_updates:,}): "
-            f"{self.env_steps:,} env steps x train.sample_reuse {self.sample_reuse:g} / batch {self.batch_size:,}; "
-            "raise train.sample_reuse or train.epochs (or collect.steps_per_epoch), or give a smaller "
-            "--batch-size"
+            f"{self.env_steps:,} env steps x train.sample_reuse {self.requested_reuse:g} / batch {self.batch_size:,} "
+            f"would make {updates_owed(self.requested_reuse, self.env_steps, 0, self.batch_size):,} updates, "
+            f"fewer than train.min_updates = {self.min_updates:,}: the run draws {self.sample_reuse:.3g} samples "
+            f"per transition instead ({self.updates:,} updates). For the same samples at every batch, raise "
+            "train.epochs (or collect.steps_per_epoch) or give a smaller --batch-size; train.min_updates 0 turns "
+            "the floor off"
         )
 
     def rows(self) -> list[tuple[str, str]]:
         """(what, value) lines for the plan table and the report."""
         target = (f"soft, tau {self.target_tau:.4g} per update" if self.target_update == "soft"
                   else f"hard copy every {self.target_period:,} updates")
+        reuse = (f"train.sample_reuse {self.requested_reuse:g} per env step" if not self.floored
+                 else f"{self.sample_reuse:.3g} per env step: the floor of train.min_updates {self.min_updates:,}")
         return [
             ("env steps", f"{self.env_steps:,}  ({self.epochs} epochs x {self.env_steps_per_epoch:,})"),
             ("updates", f"{self.updates:,}  at batch {self.batch_size:,}"),
-            ("samples", f"{self.samples:,}  (train.sample_reuse {self.sample_reuse:g} per env step)"),
+            ("samples", f"{self.samples:,}  ({reuse})"),
             ("learning rate", f"{self.lr:.4g}"),
             ("target network", target),
             ("epsilon decay", f"over {self.epsilon_decay_steps:,} env steps"),

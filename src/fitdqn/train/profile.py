@@ -164,8 +164,9 @@ def driver_version() -> str:
 
 # ----------------------------------------------------------------------------------------------- measuring
 def profile_config(config: Config, steps_given: bool) -> Config:
-    """The config the profile runs: auto batch (the plan gives the cap) and short epochs unless given."""
-    overrides: dict[str, Any] = {"budget.batch_size": 0}
+    """The config the profile runs: auto batch (the plan gives the cap), short epochs unless given, and no floor of
+    updates (an epoch makes what train.sample_reuse gives at each batch: the throughput of the run as set)."""
+    overrides: dict[str, Any] = {"budget.batch_size": 0, "train.min_updates": 0}
     if not steps_given:
         overrides["collect.steps_per_epoch"] = min(config.collect.steps_per_epoch or PROFILE_STEPS_PER_EPOCH,
                                                        PROFILE_STEPS_PER_EPOCH)

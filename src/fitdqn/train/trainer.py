@@ -154,7 +154,9 @@ class Trainer:
         return self.collector.take_stats()  # host sync: epoch stats
 
     def can_update(self) -> bool:
-        return int(self.replay.sampleable()) >= max(self.schedule.min_fill, self.batch_size)  # host sync
+        # min_fill alone, not the batch: a batch larger than what is stored draws with replacement (the sampler's
+        # way anyway), so a large batch starts learning when a small one does instead of epochs later
+        return int(self.replay.sampleable()) >= max(self.schedule.min_fill, 1)  # host sync
 
     @property
     def env_steps_done(self) -> int:
@@ -163,7 +165,7 @@ class Trainer:
     def updates_due(self) -> int:
         """Updates the budget owes after this epoch's collection (those before min_fill included)."""
         collected = self.env_steps_done + self.schedule.env_steps_per_epoch
-        return updates_owed(self.config.train.sample_reuse, collected, self.samples_done, self.batch_size)
+        return updates_owed(self.schedule.sample_reuse, collected, self.samples_done, self.batch_size)
 
     def train_updates(self, count: int) -> int:
         done = 0
