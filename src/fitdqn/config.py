@@ -225,7 +225,8 @@ class BudgetConfig:
         "and the driver-side bytes of the GPU's profile)", ge=0, lt=1)
     min_batch: int = knob(64, "smallest batch the planner may choose", ge=1)
     max_batch: int = knob(16384, "largest batch the planner may choose", ge=1)
-    headroom_fraction: float = knob(0.05, "share of probed free memory kept unused (fragmentation)", ge=0, lt=0.5)
+    headroom_fraction: float = knob(0.02, "share of probed free memory kept unused (what no component models: "
+                                    "memory other processes take during the run, driver growth)", ge=0, lt=0.5)
     profiles_dir: str = knob("", "extra directory of GPU profile TOML files (yours override shipped ones)")
     trace_cache_dir: str = knob(
         "", "where traces of the training step are cached between plans: '' = $FITDQN_CACHE_DIR, else "
