@@ -1,19 +1,31 @@
 """The update: losses, the single capturable update function, target updates, acting.
 
 CUDA graphs of the update are captured by :func:`fitdqn.device.graphs.capture_graph`, the one capture path.
+
+The names below are loaded on first use (PEP 562): ``fitdqn.learn.schedule``, which `fitdqn plan` reads to print
+a run's budget, then does not pull in the networks.
 """
 
-from fitdqn.learn.act import select_actions
-from fitdqn.learn.batch import random_batch
-from fitdqn.learn.learner import BATCH_KEYS, OUTPUT_KEYS, Learner
-from fitdqn.learn.losses import categorical_projection, expectile_loss, quantile_huber_loss
-from fitdqn.learn.precision import autocast, autocast_dtype
-from fitdqn.learn.schedule import Schedule, scaled_lr, target_period_at, target_tau_at, updates_owed
-from fitdqn.learn.target import target_weight, update_target
+from importlib import import_module
 
-__all__ = [
-    "BATCH_KEYS", "OUTPUT_KEYS", "Learner", "Schedule", "autocast",
-    "autocast_dtype", "categorical_projection", "expectile_loss",
-    "quantile_huber_loss", "random_batch", "scaled_lr", "select_actions", "target_period_at", "target_tau_at",
-    "target_weight", "update_target", "updates_owed",
-]
+_HOMES = {
+    "select_actions": "act", "random_batch": "batch", "BATCH_KEYS": "learner", "OUTPUT_KEYS": "learner",
+    "Learner": "learner", "categorical_projection": "losses", "expectile_loss": "losses",
+    "quantile_huber_loss": "losses", "autocast": "precision", "autocast_dtype": "precision", "Schedule": "schedule",
+    "scaled_lr": "schedule", "target_period_at": "schedule", "target_tau_at": "schedule", "updates_owed": "schedule",
+    "target_weight": "target", "update_target": "target",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
