@@ -10,12 +10,15 @@ to choose (it needs the memory): ``fitdqn.config.batch_choice`` is the one readi
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from fitdqn.config import Config, for_device
 from fitdqn.device.probe import DeviceInfo
-from fitdqn.market.env import RewardScale, resolve_reward
-from fitdqn.market.loader import Market
 from fitdqn.ops.kernels import resolve_kernels
+
+if TYPE_CHECKING:  # the market's data pipeline (pandas): not imported to plan from a stored trace
+    from fitdqn.market.env import RewardScale
+    from fitdqn.market.loader import Market
 
 
 def resolved_precision(precision: str, device: DeviceInfo) -> str:
@@ -36,4 +39,6 @@ def resolve_device(config: Config, device: DeviceInfo) -> Config:
 def resolve_run(config: Config, device: DeviceInfo, market: Market) -> tuple[Config, RewardScale]:
     """The run's config, resolved for ``device`` and ``market`` (the reward scale derived from the training
     split when ``market.reward_scale`` is 0), and what that scale does to the split's returns."""
+    from fitdqn.market.env import resolve_reward  # lazy by design: resolve_device (the plan's) needs no market
+
     return resolve_reward(resolve_device(config, device), market)

@@ -2,22 +2,13 @@
 
 Importing this package registers the gymnasium id ``fitdqn/Futures-v0`` (``gymnasium.make`` for one
 episode, ``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")`` for the native batched env).
+The names below are loaded on first use (PEP 562): the planner reads ``fitdqn.market.layout`` (shapes only)
+without importing the data pipeline (pandas).
 """
 
-import gymnasium
+from importlib import import_module
 
-from fitdqn.market.contract import ContractSpec, available_contracts, contract_for, load_contract
-from fitdqn.market.data import Split, load_bars, normalise_bars, read_bars_file, split_bars, walk_forward
-from fitdqn.market.env import (
-    AGENT_FIELDS,
-    GOAL_COLUMN,
-    STATE_DIM,
-    FuturesEnv,
-    transition_spec,
-)
-from fitdqn.market.features import FEATURE_NAMES, WARMUP, compute_features
-from fitdqn.market.loader import Market, load_market
-from fitdqn.market.observation import build_observation
+import gymnasium
 
 GYM_ID = "fitdqn/Futures-v0"
 if GYM_ID not in gymnasium.registry:
@@ -27,27 +18,25 @@ if GYM_ID not in gymnasium.registry:
         vector_entry_point="fitdqn.market.gym_env:FuturesVectorEnv",
     )
 
-__all__ = [
-    "AGENT_FIELDS",
-    "FEATURE_NAMES",
-    "GOAL_COLUMN",
-    "GYM_ID",
-    "STATE_DIM",
-    "WARMUP",
-    "ContractSpec",
-    "FuturesEnv",
-    "Market",
-    "Split",
-    "available_contracts",
-    "build_observation",
-    "compute_features",
-    "contract_for",
-    "load_bars",
-    "load_contract",
-    "load_market",
-    "normalise_bars",
-    "read_bars_file",
-    "split_bars",
-    "transition_spec",
-    "walk_forward",
-]
+_HOMES = {
+    "ContractSpec": "contract", "available_contracts": "contract", "contract_for": "contract",
+    "load_contract": "contract", "Split": "data", "load_bars": "data", "normalise_bars": "data",
+    "read_bars_file": "data", "split_bars": "data", "walk_forward": "data", "AGENT_FIELDS": "layout",
+    "GOAL_COLUMN": "layout", "STATE_DIM": "layout", "transition_spec": "layout", "FuturesEnv": "env",
+    "FEATURE_NAMES": "layout", "WARMUP": "features", "compute_features": "features", "Market": "loader",
+    "load_market": "loader", "build_observation": "observation",
+}
+
+__all__ = sorted(["GYM_ID", *_HOMES])
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

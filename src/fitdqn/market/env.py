@@ -64,33 +64,23 @@ from fitdqn.config import MarketConfig, knob_choices
 from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec
 from fitdqn.market.data import Split
-from fitdqn.market.features import NUM_FEATURES
+from fitdqn.market.layout import (  # noqa: F401 - the env's layout, re-exported from its old home
+    ACHIEVED_COLUMN,
+    AGENT_FIELDS,
+    GOAL_COLUMN,
+    NUM_AGENT_FIELDS,
+    NUM_BRANCHES,
+    NUM_FEATURES,
+    STATE_DIM,
+    STOP_ATR,
+    TAKE_PROFIT_ATR,
+    env_state_bytes,
+    state_shapes,
+    transition_spec,
+)
 from fitdqn.market.loader import Market, load_market
 from fitdqn.market.observation import build_observation
-from fitdqn.memory.component import tensor_bytes
 from fitdqn.replay.spec import FieldSpec
-
-AGENT_FIELDS: tuple[str, ...] = (
-    "position",  # contracts held / max_contracts, in [-1, 1]
-    "unrealised_pnl",  # open P&L in reward units (marked at the close)
-    "time_in_trade",  # steps since the position was opened / episode_length
-    "stop_distance",  # ATR multiple of the last stop chosen / max(STOP_ATR) (0 = none)
-    "take_profit_distance",  # ATR multiple of the last take-profit chosen / max(TAKE_PROFIT_ATR)
-    "goal",  # the episode's target cumulative reward (reward units)
-    "achieved",  # the episode's cumulative reward so far (reward units)
-    "episode_left",  # fraction of the episode's steps still to come, 1 -> 0
-)
-NUM_AGENT_FIELDS = len(AGENT_FIELDS)  # Fa
-GOAL_COLUMN = AGENT_FIELDS.index("goal")
-ACHIEVED_COLUMN = AGENT_FIELDS.index("achieved")
-# S = Fm + Fa: the width of one observation token, the networks' input. The one definition: the env, the
-# learner of a run, the planner and the exported policy all read this (FuturesEnv.state_dim is the same value).
-STATE_DIM = NUM_FEATURES + NUM_AGENT_FIELDS
-assert STATE_DIM == 80, "DESIGN.md: the state is 80 wide (Fm = 80 - Fa)"
-
-STOP_ATR: tuple[float, ...] = (0.0, 1.0, 1.5, 2.0, 3.0)  # branch 1 (0 = no stop)
-TAKE_PROFIT_ATR: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 5.0)  # branch 2 (0 = no take-profit)
-NUM_BRANCHES = 3
 
 TERMINAL = 1  # flags bit 0: no bootstrap past this step
 LAST = 2  # flags bit 1: last step of the episode
@@ -116,44 +106,6 @@ def check_branches(branches: Sequence[int]) -> None:
             f"with {len(STOP_ATR)} stop and {len(TAKE_PROFIT_ATR)} take-profit choices; use (5, 5, 5) or "
             "(n, 5, 5)"
         )
-
-
-def transition_spec() -> dict[str, FieldSpec]:
-    """The transition fields the env writes (DESIGN.md), one row per env per step."""
-    return {
-        "bar": FieldSpec((), torch.int32),
-        "agent": FieldSpec((NUM_AGENT_FIELDS,), torch.float32),
-        "action": FieldSpec((NUM_BRANCHES,), torch.uint8),
-        "reward": FieldSpec((), torch.float32),
-        "achieved": FieldSpec((), torch.float32),
-        "next_agent": FieldSpec((NUM_AGENT_FIELDS,), torch.float32),
-        "episode_step": FieldSpec((), torch.int32),
-        "flags": FieldSpec((), torch.uint8),
-    }
-
-
-def state_shapes(num_envs: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """The env's persistent per-episode tensors: name -> (shape, dtype). Allocation and byte counts use it."""
-    E = int(num_envs)
-    f32 = torch.float32
-    return {
-        "bar": ((E,), torch.int64),  # decision bar (the obs window ends here)
-        "episode_step": ((E,), torch.int64),
-        "position": ((E,), f32),  # contracts held at the close of `bar`
-        "entry_price": ((E,), f32),  # average fill price of the open position (0 when flat)
-        "time_in_trade": ((E,), f32),  # steps
-        "stop_k": ((E,), f32),  # last stop ATR multiple chosen
-        "take_k": ((E,), f32),  # last take-profit ATR multiple chosen
-        "goal": ((E,), f32),
-        "achieved": ((E,), f32),
-        "agent": ((E, NUM_AGENT_FIELDS), f32),  # the agent state at `bar` (built from the above)
-    }
-
-
-def env_state_bytes(num_envs: int) -> int:
-    """Device bytes of the persistent env state for ``num_envs`` episodes (market tensors not included:
-    see :func:`fitdqn.market.loader.market_bytes`)."""
-    return sum(tensor_bytes(shape, dtype) for shape, dtype in state_shapes(num_envs).values())
 
 
 def typical_atr(atr: Tensor, start: int, stop: int) -> float:

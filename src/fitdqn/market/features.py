@@ -27,6 +27,17 @@ from torch import Tensor
 
 from fitdqn.config import MarketConfig
 from fitdqn.market.data import COLUMNS, normalise_bars, validate_bars
+from fitdqn.market.layout import (  # noqa: F401 - NUM_FEATURES and FEATURE_NAMES re-exported
+    CHANNELS,
+    EMA_PERIODS,
+    FEATURE_NAMES,
+    LAGS,
+    LONG,
+    NUM_FEATURES,
+    RETURN_HORIZONS,
+    SMA_PERIODS,
+    VOLUME_FEATURES,
+)
 
 CLIP = 5.0
 _SCAN_CHUNK = 128  # rows per block of the blocked linear-recurrence scan
@@ -229,52 +240,7 @@ def calendar_fields(ns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------- features
-RETURN_HORIZONS = (1, 2, 3, 5, 10, 20, 40, 60)
-LAGS = (1, 2, 3, 4, 5)
-SMA_PERIODS = (5, 10, 20, 50, 100)
-EMA_PERIODS = (8, 21, 55)
-CHANNELS = (10, 20, 60)
-LONG = 120  # window of the rolling z-scores of slow-moving levels
-
-VOLUME_FEATURES = (  # off (0) for bars without volume
-    "volume_z_20",
-    "volume_z_60",
-    "volume_5_20",
-    "volume_change",
-    "signed_volume",
-    "obv_10",
-    "cmf_20",
-    "dist_vwap_20",
-)
-
-
-FEATURE_NAMES: list[str] = (
-    [f"ret_{h}" for h in RETURN_HORIZONS]
-    + [f"ret_1_lag{k}" for k in LAGS]
-    + ["gap", "open_to_close"]
-    + ["candle_body", "candle_upper_wick", "candle_lower_wick", "range_atr", "true_range_atr"]
-    + [
-        "vol_5_20",
-        "vol_10_20",
-        "vol_20_60",
-        "vol_60_120",
-        "vol_20_z",
-        "parkinson_20",
-        "atr_pct_z",
-        "atr_5_14",
-    ]
-    + ["rsi_7", "rsi_14", "rsi_28"]
-    + ["macd", "macd_signal", "macd_hist", "macd_hist_change"]
-    + [f"dist_sma_{n}" for n in SMA_PERIODS]
-    + [f"dist_ema_{n}" for n in EMA_PERIODS]
-    + ["sma_20_slope", "sma_50_slope"]
-    + [f"channel_{n}" for n in CHANNELS]
-    + ["dist_high_20", "dist_low_20", "bollinger_z", "bollinger_width_z"]
-    + ["skew_20", "autocorr_20", "up_fraction_10", "up_fraction_20", "efficiency_10", "efficiency_30"]
-    + list(VOLUME_FEATURES)
-    + ["weekday_sin", "weekday_cos", "month_sin", "month_cos", "time_of_day_sin", "time_of_day_cos"]
-)
-NUM_FEATURES = len(FEATURE_NAMES)  # Fm
+# the feature names and their window constants live in fitdqn.market.layout (no pandas: the planner reads them)
 # Rows with too little history for the longest window: the z-score of log(20-bar vol) over 120 values
 # needs rows 1..20 for the first vol and 119 more (row 139 is the first valid row); 140 keeps a margin of 1.
 WARMUP = 140

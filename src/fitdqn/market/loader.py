@@ -19,25 +19,10 @@ from torch import Tensor
 from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec, check_contract_fits, contract_for, shipped_contract_for
 from fitdqn.market.data import Split, bars_from_config, bars_per_year, split_bars
-from fitdqn.market.features import NUM_FEATURES, WARMUP, atr, bar_tensors, compute_features, has_volume
-from fitdqn.memory.component import tensor_bytes
+from fitdqn.market.features import WARMUP, atr, bar_tensors, compute_features, has_volume
+from fitdqn.market.layout import PRICE_COLUMNS, market_bytes, market_tensor_shapes  # noqa: F401 - re-exported
 
 ATR_PERIOD = 14  # the ATR the env sizes stops and take-profits with (the state's atr feature uses it too)
-PRICE_COLUMNS = ("open", "high", "low", "close")
-
-
-def market_tensor_shapes(num_bars: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """The device tensors a Market holds: name -> (shape, dtype). Allocation and byte counts both use it."""
-    return {
-        "features": ((num_bars, NUM_FEATURES), torch.float32),
-        "prices": ((num_bars, len(PRICE_COLUMNS)), torch.float32),
-        "atr": ((num_bars,), torch.float32),
-    }
-
-
-def market_bytes(num_bars: int) -> int:
-    """Device bytes of a Market's tensors for ``num_bars`` bars."""
-    return sum(tensor_bytes(shape, dtype) for shape, dtype in market_tensor_shapes(num_bars).values())
 
 
 @dataclass

@@ -1,23 +1,28 @@
-"""Networks: per-token trunk + last-token attention, branching dueling C51, fused IQN, IQL value net."""
+"""Networks: per-token trunk + last-token attention, branching dueling C51, fused IQN, IQL value net.
 
-from fitdqn.nets.attention import LastTokenAttention
-from fitdqn.nets.c51 import BranchingDuelingC51, dueling
-from fitdqn.nets.groups import (
-    GROUP_ATTR,
-    MEMORY_GROUPS,
-    TARGET_COPIED,
-    ParameterGroup,
-    group_of,
-    parameter_groups,
-    tag,
-)
-from fitdqn.nets.iql import ValueNet
-from fitdqn.nets.iqn import IQNHead, QuantileHeadFunction, cosine_embedding
-from fitdqn.nets.qnet import QNetwork
-from fitdqn.nets.trunk import TokenMLP
+The names below are loaded on first use (PEP 562): the planner reads ``fitdqn.nets.groups`` without building
+the networks' modules.
+"""
 
-__all__ = [
-    "GROUP_ATTR", "MEMORY_GROUPS", "TARGET_COPIED", "BranchingDuelingC51", "IQNHead", "LastTokenAttention",
-    "ParameterGroup", "QNetwork", "QuantileHeadFunction", "TokenMLP", "ValueNet", "cosine_embedding",
-    "dueling", "group_of", "parameter_groups", "tag",
-]
+from importlib import import_module
+
+_HOMES = {
+    "LastTokenAttention": "attention", "BranchingDuelingC51": "c51", "dueling": "c51", "GROUP_ATTR": "groups",
+    "MEMORY_GROUPS": "groups", "TARGET_COPIED": "groups", "ParameterGroup": "groups", "group_of": "groups",
+    "parameter_groups": "groups", "tag": "groups", "ValueNet": "iql", "IQNHead": "iqn",
+    "QuantileHeadFunction": "iqn", "cosine_embedding": "iqn", "QNetwork": "qnet", "TokenMLP": "trunk",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

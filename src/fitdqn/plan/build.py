@@ -25,6 +25,7 @@ import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -34,11 +35,8 @@ from fitdqn.device.cards import find_card
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile, profile_with_note
 from fitdqn.device.sizes import format_bytes
-from fitdqn.learn.learner import Learner
 from fitdqn.learn.schedule import Schedule
-from fitdqn.market.data import bars_from_config
-from fitdqn.market.env import STATE_DIM, env_state_bytes, transition_spec
-from fitdqn.market.loader import market_bytes
+from fitdqn.market.layout import STATE_DIM, env_state_bytes, market_bytes, transition_spec
 from fitdqn.memory.allocator_model import (
     LARGE_BUFFER,
     SMALL_BUFFER,
@@ -64,7 +62,12 @@ from fitdqn.plan.trace_cache import (
     traced_config_fields,
 )
 from fitdqn.resolve import resolve_device
-from fitdqn.system import System, build_system, stand_in_market
+
+if TYPE_CHECKING:
+    from fitdqn.system import System
+
+# The system, the learner and the data pipeline are imported where a trace, a network count or a bar count is
+# made, not above: a plan whose traces are all in the cache needs none of them (lazy by design: seconds of imports).
 
 TRACE_BATCHES = (512, 1024)
 # The graph pool's fragmentation is not linear below a few thousand samples (at 512-1024 many per-sample
@@ -98,6 +101,8 @@ class PlanInputs:
         if stored is not None and isinstance(stored.get("num_bars"), int):
             num_bars = stored["num_bars"]
         else:
+            from fitdqn.market.data import bars_from_config
+
             num_bars = len(bars_from_config(config.market))
             cache.put_value(key, {"num_bars": num_bars})
         return cls(num_bars, market_bytes(num_bars))
@@ -123,6 +128,8 @@ def stand_in_system(config: Config, num_bars: int, capacity: int, batch_size: in
     """The trainer's system (``fitdqn.system.build_system``) on a stand-in market of ``num_bars`` zero bars,
     its replay filled by the collector's own steps until a batch can be sampled (inside the tracer's fake mode:
     shapes only)."""
+    from fitdqn.system import build_system, stand_in_market
+
     if config.market.reward_scale <= 0:  # derived from real bars at run time; a host number that moves no byte
         config = dataclasses.replace(config, market=dataclasses.replace(config.market, reward_scale=1.0))
     system = build_system(config, stand_in_market(config, num_bars), device, capacity=capacity,
@@ -188,6 +195,8 @@ def check_num_envs(config: Config, num_envs: int) -> None:
 def network_fixed_bytes(config: Config) -> dict[str, int]:
     """Per group: what the learner holds for good — parameters (+ target copy), gradients and Adam state —
     counted from the tensors of a real ``Learner`` built on fake tensors (shapes and dtypes, no memory)."""
+    from fitdqn.learn.learner import Learner
+
     with FakeTensorMode():
         learner = Learner(config, STATE_DIM, torch.device("cpu"))
         targets = parameter_groups(learner.target)
@@ -204,6 +213,8 @@ def network_fixed_bytes(config: Config) -> dict[str, int]:
 def gradient_bytes(config: Config) -> int:
     """Bytes of the gradients of every trainable parameter (what one all-reduce of a data-parallel update moves),
     from a real ``Learner`` on fake tensors."""
+    from fitdqn.learn.learner import Learner
+
     with FakeTensorMode():
         learner = Learner(config, STATE_DIM, torch.device("cpu"))
         return sum(tensor_bytes(p.shape, p.dtype) for p in learner.params)
