@@ -6,9 +6,9 @@ The names below are loaded on first use (PEP 562): the planner reads ``fitdqn.ma
 without importing the data pipeline (pandas).
 """
 
-from importlib import import_module
-
 import gymnasium
+
+from fitdqn.lazy import lazy_names
 
 GYM_ID = "fitdqn/Futures-v0"
 if GYM_ID not in gymnasium.registry:
@@ -29,14 +29,4 @@ _HOMES = {
 
 __all__ = sorted(["GYM_ID", *_HOMES])
 
-
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())

@@ -4,7 +4,7 @@ The names below are loaded on first use (PEP 562): the planner reads ``fitdqn.ne
 the networks' modules.
 """
 
-from importlib import import_module
+from fitdqn.lazy import lazy_names
 
 _HOMES = {
     "LastTokenAttention": "attention", "BranchingDuelingC51": "c51", "dueling": "c51", "GROUP_ATTR": "groups",
@@ -15,14 +15,4 @@ _HOMES = {
 
 __all__ = sorted(_HOMES)
 
-
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
