@@ -17,16 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 
 import torch
 
 from fitdqn.device.graphs import capture_graph
+from fitdqn.provenance import code_commit
 from fitdqn.replay import FieldSpec, ReplayBuffer
 
 GOAL_COLUMN = 5
@@ -404,17 +403,6 @@ def bench_torchrl(args, capacity: int, device: torch.device) -> list[dict]:
     return rows_out
 
 
-def git_commit() -> str:
-    """The code's commit (FITDQN_COMMIT where the tree travelled without its .git)."""
-    if os.environ.get("FITDQN_COMMIT"):
-        return os.environ["FITDQN_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -473,7 +461,7 @@ def main() -> None:
             print(f"{row['impl']:34} {row['mode']:11} {row['capacity']:>10} {row['ms_per_iter']:>9.3f} "
                   f"{row['samples_per_s']:>14,.0f}")
     with open(args.out, "w") as handle:
-        json.dump({"device": name, "torch": torch.__version__, "commit": git_commit(),
+        json.dump({"device": name, "torch": torch.__version__, "commit": code_commit(),
                    "date": time.strftime("%Y-%m-%d", time.gmtime()), "args": vars(args), "results": results},
                   handle, indent=2)
     print(f"wrote {args.out}")

@@ -42,6 +42,7 @@ from fitdqn.plan.build import (
     network_fixed_bytes,
     trace_config,
 )
+from fitdqn.provenance import code_commit
 
 ALLOCATED_BY_STEP = ("replay", "her", "dqn", "attention", "iqn", "iql", "batch", "cuda_overhead")
 STEP_COMPONENTS = ("dqn", "attention", "iqn", "iql", "batch")  # their per-sample parts: the step's bytes
@@ -182,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{info.name}, torch {torch.__version__}, replay capacity {capacity}, trace: {note or 'fake CUDA'}, "
           "one process per batch")
     print_table(rows)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            check=False).stdout.strip()
+    commit = code_commit()
     with open(args.out, "w") as f:
         json.dump({"device": info.name, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
                    "commit": commit, "isolation": "one process per batch",

@@ -57,6 +57,8 @@ import time
 import traceback
 from pathlib import Path
 
+from fitdqn.provenance import code_commit
+
 DEFAULT_CARDS = "1.7,2.5,4,8,16,24,40,80"
 PEAK_TOLERANCE = 0.015  # reserved peak and driver free-drop within +-1.5 % of the plan
 BATCH_RATIO = 0.95  # planned / real largest batch
@@ -393,8 +395,7 @@ def main(argv: list[str] | None = None) -> int:
               f" ({row.get('wall_seconds', '?')} s)", flush=True)
     print()
     print_table(rows)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            check=False).stdout.strip()
+    commit = code_commit()
     gpus = sorted({r["gpu"] for r in rows if r.get("gpu")})  # from the children: no context in this process
     record = {"date": datetime.date.today().isoformat(), "commit": commit, "torch": torch.__version__,
               "gpu": ", ".join(gpus), "args": {k: v for k, v in vars(args).items()

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +30,7 @@ from fitdqn.evaluate.baselines import account_size
 from fitdqn.evaluate.metrics import trading_metrics
 from fitdqn.market.data import bars_per_year
 from fitdqn.market.features import FEATURE_NAMES
+from fitdqn.provenance import code_commit
 from fitdqn.train.logs import read_jsonl
 from fitdqn.train.run import train
 
@@ -57,17 +56,6 @@ def momentum_sharpe(trainer, split: str) -> float:
     return metrics.sharpe
 
 
-def git_commit() -> str:
-    """The code's commit (FITDQN_COMMIT where the tree travelled without its .git)."""
-    if os.environ.get("FITDQN_COMMIT"):
-        return os.environ["FITDQN_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def run(args: argparse.Namespace) -> None:
     overrides = dict(item.split("=", 1) for item in args.set)
     config = with_overrides(Config(), {"market.data": "synthetic", "train.seed": args.seed, **overrides})
@@ -86,7 +74,7 @@ def run(args: argparse.Namespace) -> None:
             curve.append({"epoch": record["epoch"], "train_seconds": elapsed, "validation_sharpe":
                           record["validation_sharpe"]})
     result = {
-        "seed": args.seed, "overrides": overrides, "device": report["device"], "commit": git_commit(),
+        "seed": args.seed, "overrides": overrides, "device": report["device"], "commit": code_commit(),
         "date": time.strftime("%Y-%m-%d"), "seconds": seconds, "cpu_seconds": cpu_seconds, "train_seconds": elapsed,
         "batch_size": report["batch_size"], "updates": report["updates"], "samples": report["samples"],
         "env_steps": report["env_steps"], "reward": report["reward"], "curve": curve,

@@ -41,6 +41,8 @@ import pandas as pd
 import torch
 from scipy.signal import lfilter
 
+from fitdqn.provenance import code_commit
+
 REPO = Path(__file__).resolve().parent.parent
 
 # The child: time the library's own calls where they exist (names may move; a missing one is skipped), then run
@@ -260,8 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
         "threads": os.environ.get("OMP_NUM_THREADS"), "torch": torch.__version__,
         "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
         "load_average_at_end": os.getloadavg(), "date": time.strftime("%Y-%m-%d"),
-        "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True).stdout.strip(),
+        "commit": code_commit(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     print(json.dumps({k: result[k] for k in ("wall_seconds", "peak_rss_mib", "phases", "calls")}, indent=2))

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fitdqn.provenance import code_commit
+
 CASES = {
     "what-if": ["--gpu", "rtx3050", "--free-memory", "1.7GiB", "--batch-size", "0"],
     "probed": [],
@@ -39,14 +41,6 @@ def child_cpu_seconds(command: list[str], environment: dict[str, str]) -> float:
     subprocess.run(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def measure(data: str, repeats: int) -> dict[str, dict[str, float]]:
@@ -84,7 +78,7 @@ def main() -> int:
     args = parser.parse_args()
     results = measure(args.data, args.repeats)
     if args.out:
-        record = {"date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "machine": platform.node(),
+        record = {"date": time.strftime("%Y-%m-%d"), "commit": code_commit(), "machine": platform.node(),
                   "cpus": os.cpu_count(), "data": args.data, "repeats": args.repeats, "results": results}
         args.out.write_text(json.dumps(record, indent=2) + "\n")
     return 0

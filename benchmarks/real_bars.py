@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from rich.console import Console
 from fitdqn.config import Config, load_config, with_overrides
 from fitdqn.evaluate.compare import POLICIES
 from fitdqn.evaluate.report import fmt, fmt_ci, policy_label
+from fitdqn.provenance import code_commit
 from fitdqn.train.study import run_study
 
 
@@ -37,14 +37,6 @@ def parse_sets(items: list[str]) -> dict[str, str]:
             raise SystemExit(f"--set {item}: write KEY=VALUE, e.g. train.epochs=30")
         out[key] = value
     return out
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=False).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def table(studies: dict[str, dict[str, Any]], config: Config) -> str:
@@ -93,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     record = {"command": "python benchmarks/real_bars.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "date": time.strftime("%Y-%m-%d"), "commit": commit(), "machine": platform.node(),
+              "date": time.strftime("%Y-%m-%d"), "commit": code_commit(), "machine": platform.node(),
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
               "torch": torch.__version__, "seconds": seconds, "studies": studies}
     out.mkdir(parents=True, exist_ok=True)

@@ -25,9 +25,7 @@ PROCESS_START = time.perf_counter()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -37,20 +35,10 @@ from rich.console import Console  # noqa: E402
 
 from fitdqn.config import Config, with_overrides  # noqa: E402
 from fitdqn.evaluate.compare import evaluate_split  # noqa: E402
+from fitdqn.provenance import code_commit  # noqa: E402
 from fitdqn.train.run import train  # noqa: E402
 
 IMPORT_S = time.perf_counter() - PROCESS_START
-
-
-def git_commit() -> str:
-    """The code's commit (FITDQN_COMMIT where the tree travelled without its .git)."""
-    if os.environ.get("FITDQN_COMMIT"):
-        return os.environ["FITDQN_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 class SkillClock:
@@ -154,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                       "validation-chosen network (best.pt) has test Sharpe >= threshold; this script's own test "
                       "backtests not counted",
         "threshold": args.threshold, "overrides": overrides, "device": runs[0]["device"] if runs else None,
-        "torch": torch.__version__, "commit": git_commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "torch": torch.__version__, "commit": code_commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "import_s": IMPORT_S, "reached": f"{len(reached)} of {len(runs)}",
         "median_time_to_skill_s": statistics.median(reached) if reached else None, "runs": runs,
     }

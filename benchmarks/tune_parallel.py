@@ -29,6 +29,7 @@ from pathlib import Path
 from rich.console import Console
 
 from fitdqn.config import Config, with_overrides
+from fitdqn.provenance import code_commit
 from fitdqn.tune.runner import probe_in_subprocess, run_tune
 from fitdqn.tune.space import parse_search_space
 
@@ -165,7 +166,7 @@ def main() -> int:
     tune_dir = Path(args.dir)
     shutil.rmtree(tune_dir, ignore_errors=True)
     result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "config": overrides,
-              "search": SEARCH, "commit": git_commit()}
+              "search": SEARCH, "commit": code_commit()}
     if not args.skip_alone:
         result["alone"] = run_phase(config, "alone", 1, tune_dir, args.gpu_index)
     result["packed"] = run_phase(config, "packed", args.parallel, tune_dir, args.gpu_index)
@@ -187,13 +188,6 @@ def main() -> int:
         Path(args.out).write_text(json.dumps(result, indent=2))
     ok = all(all(result[p]["checks"].values()) for p in ("alone", "packed") if p in result)
     return 0 if ok else 1
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
 
 
 if __name__ == "__main__":

@@ -42,10 +42,8 @@ import copy
 import gc
 import json
 import math
-import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -59,6 +57,7 @@ from torch import nn
 from fitdqn.config import Config, LearnConfig, NetConfig, config_to_dict, with_overrides
 from fitdqn.device.graphs import capture_graph
 from fitdqn.learn import Learner, random_batch
+from fitdqn.provenance import code_commit
 
 PLAIN_MODES = ("eager", "graph", "compile", "max-autotune")
 FITDQN_MODES = ("fitdqn", "fitdqn-eager")
@@ -449,17 +448,6 @@ def free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def commit() -> str | None:
-    """The code's commit (FITDQN_COMMIT where the tree travelled without its .git)."""
-    if os.environ.get("FITDQN_COMMIT"):
-        return os.environ["FITDQN_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def add_ratios(rows: list[dict]) -> None:
     """Each row against fitdqn's graphed update at its batch, and ``marginal_kb_per_sample``: the slope of the peak
     bytes from the previous batch of the same implementation and mode (fixed costs such as weight casts, cuBLAS
@@ -498,7 +486,7 @@ def run(args) -> dict:
     rows = []
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "commit": commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "torch": torch.__version__, "commit": code_commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "state_dim": args.state_dim, "config": {k: config_to_dict(config)[k] for k in ("net", "learn")},
         "results": rows,
