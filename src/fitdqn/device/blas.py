@@ -23,9 +23,11 @@ def reserve_blas_workspaces(device: torch.device, streams: Iterable[torch.cuda.S
     """On each of ``streams`` (None: the current stream), make its cuBLAS and cuBLASLt workspaces now."""
     if device.type != "cuda":
         return
+    # bf16 products only where cuBLAS has them (compute capability 8.0 on): elsewhere they would raise
+    dtypes = (torch.float32, torch.bfloat16) if torch.cuda.get_device_capability(device) >= (8, 0) else (torch.float32,)
     for stream in streams:
         with torch.cuda.stream(stream or torch.cuda.current_stream(device)):
-            for dtype in (torch.float32, torch.bfloat16):
+            for dtype in dtypes:
                 matrix = torch.ones(PRODUCT_SIZE, PRODUCT_SIZE, device=device, dtype=dtype)
                 torch.mm(matrix, matrix)  # cuBLAS
                 torch.addmm(matrix[0], matrix, matrix)  # a 1-D bias: the cuBLASLt epilogue path

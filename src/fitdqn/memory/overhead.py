@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 
+from fitdqn.device.sizes import format_bytes
 from fitdqn.memory.allocator_model import LARGE_BUFFER
 from fitdqn.memory.component import Component
 
@@ -71,12 +72,8 @@ def cuda_overhead_component(compute_capability: tuple[int, int] | None, streams:
     rounding = 0
     if expandable and streams > 1:
         rounding = (streams - 1) * (-(-per_stream // LARGE_BUFFER) * LARGE_BUFFER - per_stream)
-        text += f" + {format_mib(rounding)} MiB: the capture stream's pair rounded up to whole 20 MiB pages"
+        text += f" + {format_bytes(rounding)}: the capture stream's pair rounded up to whole 20 MiB pages"
     return Component("cuda_overhead", streams * per_stream + rounding, 0, text)
-
-
-def format_mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:g}"
 
 
 def cuda_driver_component(driver_bytes: int, source: str) -> Component:
