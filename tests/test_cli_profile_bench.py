@@ -1,11 +1,10 @@
 """`fitdqn plan --calibrate`, `fitdqn profile`, `fitdqn bench`: help, CPU behaviour, the profile writer and rule."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from support.benchmarks import load_benchmark
 
 from fitdqn.cli import build_parser, main
 from fitdqn.device.profiles import load_profiles, match_profile, parse_profile
@@ -21,7 +20,6 @@ from fitdqn.train.profile import (
     write_profile,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "--market.data", "synthetic", "--market.synthetic_bars", "1200", "--market.episode_length", "32",
     "--net.window", "4", "--net.trunk_hidden", "64", "--net.d_model", "32", "--net.stream_hidden", "32",
@@ -192,10 +190,7 @@ def test_bench_table_on_cpu(capsys):
 
 
 def load_sweep():
-    spec = importlib.util.spec_from_file_location("budget_sweep", ROOT / "benchmarks" / "budget_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("budget_sweep")
 
 
 def test_budget_sweep_pure_parts(capsys):

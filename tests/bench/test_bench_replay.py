@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import torch
+from support.benchmarks import load_benchmark
 
 from fitdqn.replay import ReplayBuffer
 
-ROOT = Path(__file__).resolve().parents[2]
 NUM_ENVS, EPISODE, AGENT_DIM = 16, 8, 8
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_replay", ROOT / "benchmarks" / "bench_replay.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_replay")
 
 
 def filled(bench, capacity: int = 16 * 40):

@@ -3,22 +3,15 @@ inside its bounds, and the phases are cut at the lines `fitdqn train` prints."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
+from support.benchmarks import load_benchmark
 
 from fitdqn.market.data import read_bars_file
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("long_file", ROOT / "benchmarks" / "long_file.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("long_file")
 
 
 def test_generated_file_is_seeded_and_valid(tmp_path):

@@ -3,20 +3,14 @@ is the final report's (the extra test backtests change nothing in the run)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
+from support.benchmarks import load_benchmark
 from support.small_run import SMALL_RUN
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("time_to_skill", ROOT / "benchmarks" / "time_to_skill.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("time_to_skill")
 
 
 def test_time_to_skill_small_cpu_run(tmp_path):

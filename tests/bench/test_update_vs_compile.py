@@ -7,17 +7,15 @@ parameters; the script's driver writes its JSON at tiny sizes.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
-from pathlib import Path
 
 import torch
+from support.benchmarks import load_benchmark
 
 from fitdqn.config import Config, NetConfig
 from fitdqn.learn import Learner, random_batch
 
-ROOT = Path(__file__).resolve().parents[2]
 STATE_DIM = 10
 SMALL_NET = NetConfig(window=4, trunk_hidden=32, d_model=16, attention_heads=4, stream_hidden=16, num_atoms=11,
                       iqn_embedding=8, iqn_quantiles=8, iqn_act_quantiles=4, iqn_chunk=3, iql_hidden=16)
@@ -37,10 +35,7 @@ def make_batch(size: int, config: Config, seed: int = 0) -> dict[str, torch.Tens
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("update_vs_compile", ROOT / "benchmarks" / "update_vs_compile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("update_vs_compile")
 
 
 def copy_weights(learner, plain) -> None:

@@ -1,27 +1,21 @@
 """A tiny walk-forward study (2 seeds x 2 folds, synthetic bars) through benchmarks/real_bars.py: member runs,
 best-by-validation networks, the joint report, `fitdqn evaluate` on the study, and the report's form."""
 
-import importlib.util
 import io
 import json
-from pathlib import Path
 
 import pytest
 from rich.console import Console
+from support.benchmarks import load_benchmark
 
 from fitdqn.cli import main as cli
 from fitdqn.config import dump_config, load_config
 from fitdqn.train.run import print_report
 from fitdqn.train.study import member_market
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_bars.py"
-
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("real_bars", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("real_bars")
 
 
 def test_walk_forward_study_end_to_end(small_config, tmp_path, capsys):
