@@ -121,12 +121,14 @@ class LearnConfig:
 
     gamma: float = knob(0.9, "discount per step", ge=0, le=1)
     n_step: int = knob(1, "n-step return length", ge=1)
-    lr: float = knob(1e-3, "Adam learning rate at batch learn.base_batch (scaled for the batch in use by "
+    lr: float = knob(1e-3, "Adam learning rate at batch learn.lr_base_batch (scaled for the batch in use by "
                      "learn.lr_scaling, up to learn.lr_max)", gt=0, le=1)
-    base_batch: int = knob(256, "the batch at which learn.lr, learn.target_tau and learn.target_period are given",
-                           ge=1)
-    lr_scaling: str = knob("sqrt", "learning rate at batch B: 'sqrt' (lr x sqrt(B / base_batch), the rule for Adam), "
-                           "'linear' (lr x B / base_batch) or 'none'; at most learn.lr_max",
+    lr_base_batch: int = knob(0, "the batch at which learn.lr is given; 0 = auto: the tested batch of the device's "
+                              "profile (256 on a CPU, 16384 on an H200)", ge=0)
+    base_batch: int = knob(256, "the batch at which learn.target_tau and learn.target_period are given", ge=1)
+    lr_scaling: str = knob("linear", "learning rate at batch B: 'linear' (lr x B / lr_base_batch: the same "
+                           "parameter travel per sample at every batch), 'sqrt' (lr x sqrt(B / lr_base_batch)) or "
+                           "'none'; at most learn.lr_max",
                            choices=("sqrt", "linear", "none"))
     lr_max: float = knob(1e-3, "the largest learning rate the scaling rule scales up to (4e-3 at batch 16384 "
                          "diverged on the synthetic market); a learn.lr above it is kept as given", gt=0, le=1)
