@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fitdqn.config import Config, with_overrides
+from fitdqn.config import Config, for_device, with_overrides
 from fitdqn.device.probe import what_if
 from fitdqn.device.profiles import load_profiles, match_profile
 from fitdqn.learn import scaled_lr
@@ -25,3 +25,10 @@ def test_the_rate_is_given_at_the_profile_batch(name):
 def test_a_given_base_batch_is_kept():
     config = with_overrides(Config(), {"learn.lr_base_batch": 1000})
     assert resolve_device(config, what_if("h200", None, None)).learn.lr_base_batch == 1000
+
+
+def test_validation_every_epoch_on_a_gpu_and_every_five_on_the_cpu():
+    assert for_device(Config(), "cuda").train.eval_every == 1
+    assert for_device(Config(), "cpu").train.eval_every == 5
+    given = with_overrides(Config(), {"train.eval_every": 3})
+    assert for_device(given, "cuda").train.eval_every == 3
