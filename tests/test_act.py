@@ -191,3 +191,23 @@ def test_export_command(run_dir, tmp_path, capsys):
     assert out.is_file() and "torch.export.load" in capsys.readouterr().out
     assert main(["export", str(run_dir), "--out", str(tmp_path / "policy.onnx")]) == 2
     assert ".pt2" in capsys.readouterr().err
+
+
+def test_act_uses_the_network_the_report_is_about_unless_told_otherwise(run_dir, policy):
+    best = torch.load(run_dir / "best.pt", weights_only=True)
+    for name, tensor in policy.learner.online.state_dict().items():
+        assert torch.equal(tensor, best["online"][name]), name
+    assert policy.epoch == best["epoch"]
+    last = load_run_policy(run_dir, "cpu", "last")
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    for name, tensor in last.learner.online.state_dict().items():
+        assert torch.equal(tensor, state["learner"]["online"][name]), name
+
+
+def test_act_without_best_pt_names_the_option(run_dir, tmp_path):
+    moved = tmp_path / "no_best"
+    shutil.copytree(run_dir, moved)
+    (moved / "best.pt").unlink()
+    with pytest.raises(UserError, match="--network last"):
+        load_run_policy(moved, "cpu")
+    assert load_run_policy(moved, "cpu", "last").epoch >= 1

@@ -19,6 +19,9 @@ from typing import IO, Any
 
 from fitdqn.errors import UserError
 
+CHECKPOINT_NAME = "checkpoint.pt"  # a run's latest checkpoint: everything a resume needs
+BEST_NAME = "best.pt"  # the network with the best validation Sharpe so far: the one the run's report is about
+NETWORKS = ("best", "last")  # which network a command loads: best.pt's, or the latest checkpoint's
 TEMP_SUFFIX = ".tmp"  # temporary files are ".<name>.<random>.tmp" beside their target
 
 CAUSES = {

@@ -12,6 +12,7 @@ from support.ddp_ranks import FixedRand, batches, free_port, make_learner
 
 from fitdqn.config import Config, TrainConfig
 from fitdqn.errors import UserError
+from fitdqn.files import CHECKPOINT_NAME
 from fitdqn.memory.distributed import (
     ALLREDUCE,
     NCCL,
@@ -24,7 +25,6 @@ from fitdqn.memory.distributed import (
 from fitdqn.train import distributed
 from fitdqn.train.checkpoint import save_checkpoint
 from fitdqn.train.run import checked_resume_state
-from fitdqn.train.trainer import CHECKPOINT_NAME
 
 WORLD = 2
 JOIN_S = 120  # a job that is not over by then hangs: the test fails instead of waiting forever

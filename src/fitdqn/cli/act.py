@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fitdqn.cli.common import Commands, add_command
 from fitdqn.errors import UserError
+from fitdqn.files import NETWORKS
 
 DECISION_SUFFIXES = (".csv", ".parquet", ".pq")
 
@@ -34,6 +35,9 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
     act.add_argument("--goal-unit", type=float, metavar="FLOAT", help="the goal scale shown to the agent "
                      "(default: from the run's training bars, as in its backtests)")
     act.add_argument("--device", default="cpu", help="device to run the policy on (default: %(default)s)")
+    act.add_argument("--network", choices=NETWORKS, default="best",
+                        help="best: the network with the best validation Sharpe (best.pt, the one the run's report "
+                        "is about); last: the latest checkpoint's (default: %(default)s)")
     act.set_defaults(run=run)
     return act
 
@@ -46,12 +50,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.run_dir) / "actions.csv"
     if out.suffix.lower() not in DECISION_SUFFIXES:  # before any work: nothing computed is lost
         raise UserError(f"--out {out}: write the decisions to a .csv or .parquet file")
-    policy = load_run_policy(args.run_dir, resolve_device(args.device))
+    policy = load_run_policy(args.run_dir, resolve_device(args.device), args.network)
     goal_unit = policy.goal_unit() if args.goal_unit is None else args.goal_unit
     frame = act_run(policy, args.data, start=args.start, goal_unit=goal_unit)
     write_actions(frame, out)
     print(f"{len(frame)} decisions, {frame['timestamp'].iloc[0]} to {frame['timestamp'].iloc[-1]}, of the policy in "
-          f"{args.run_dir} (checkpoint epoch {policy.epoch}, contract {policy.contract.name}, goal unit "
+          f"{args.run_dir} ({args.network} network, epoch {policy.epoch}, contract {policy.contract.name}, goal unit "
           f"{goal_unit:.6g}) written to {out}")
     print(f"latest, to trade at the next open: {decision_text(frame.iloc[-1])}")
     return 0

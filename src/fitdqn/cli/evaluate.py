@@ -8,9 +8,9 @@ import argparse
 from pathlib import Path
 
 from fitdqn.cli.common import Commands
+from fitdqn.files import NETWORKS
 
 SPLITS = ("train", "validation", "test")
-NETWORKS = ("best", "last")
 
 
 def add_parser(commands: Commands) -> argparse.ArgumentParser:

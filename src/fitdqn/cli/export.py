@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from fitdqn.cli.common import Commands, add_command
+from fitdqn.files import NETWORKS
 
 
 def add_parser(commands: Commands) -> argparse.ArgumentParser:
@@ -20,6 +21,9 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
     )
     export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train")
     export.add_argument("--out", required=True, metavar="FILE.pt2", help="where to write the program")
+    export.add_argument("--network", choices=NETWORKS, default="best",
+                        help="best: the network with the best validation Sharpe (best.pt, the one the run's report "
+                        "is about); last: the latest checkpoint's (default: %(default)s)")
     export.set_defaults(run=run)
     return export
 
@@ -28,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     # torch.export: imported when the command runs, so `fitdqn --help` stays fast
     from fitdqn.deploy import export_policy, load_run_policy
 
-    out = export_policy(load_run_policy(args.run_dir, "cpu"), args.out)
+    out = export_policy(load_run_policy(args.run_dir, "cpu", args.network), args.out)
     print(f"acting network of {args.run_dir} exported to {out} (torch.export.load('{out}').module()(obs) -> "
           "actions, q)")
     return 0

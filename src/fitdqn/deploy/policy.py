@@ -9,12 +9,12 @@ import torch
 
 from fitdqn.config import Config, load_config
 from fitdqn.errors import UserError
+from fitdqn.files import BEST_NAME, CHECKPOINT_NAME, NETWORKS
 from fitdqn.learn.learner import Learner
 from fitdqn.market.contract import ContractSpec
 from fitdqn.market.env import STATE_DIM, market_goal_unit
 from fitdqn.market.loader import load_market, market_contract
 from fitdqn.train.checkpoint import load_checkpoint
-from fitdqn.train.trainer import CHECKPOINT_NAME
 
 
 @dataclass
@@ -46,18 +46,28 @@ class RunPolicy:
                                 self.config.market.reward)
 
 
-def load_run_policy(run_dir: str | Path, device: torch.device | str) -> RunPolicy:
-    """The trained learner of ``run_dir`` (its ``config.toml`` and ``checkpoint.pt``) on ``device``."""
+def load_run_policy(run_dir: str | Path, device: torch.device | str, network: str = "best") -> RunPolicy:
+    """The trained learner of ``run_dir`` (its ``config.toml``) on ``device``: ``network = 'best'`` the network
+    the run's report is about (``best.pt``, chosen on validation), ``'last'`` the latest checkpoint's."""
     run_dir = Path(run_dir)
     config_path = run_dir / "config.toml"
     if not config_path.is_file():
         raise UserError(f"'{run_dir}' has no config.toml: not a fitdqn run directory (fitdqn train --out writes one)")
+    if network not in NETWORKS:
+        raise UserError(f"network '{network}': give one of {', '.join(NETWORKS)}")
     config = load_config(config_path)
     device = torch.device(device)
-    state = load_checkpoint(run_dir / CHECKPOINT_NAME, map_location=device)
+    path = run_dir / (BEST_NAME if network == "best" else CHECKPOINT_NAME)
+    if network == "best" and not path.is_file():
+        raise UserError(f"'{run_dir}' has no {BEST_NAME} (written at the first validation backtest): act with the "
+                        "latest network with --network last")
+    state = load_checkpoint(path, map_location=device)
     learner = Learner(config, STATE_DIM, device)
     try:
-        learner.load_state_dict(state["learner"])
+        if network == "best":
+            learner.online.load_state_dict(state["online"])
+        else:
+            learner.load_state_dict(state["learner"])
     except (KeyError, RuntimeError, ValueError) as error:
         raise UserError(f"checkpoint in '{run_dir}' does not fit its config.toml ({error}); was it edited?") from None
     try:

@@ -42,7 +42,7 @@ from fitdqn.evaluate.compare import evaluate_split, time_text
 from fitdqn.evaluate.plots import plot_equity, plot_learning_curves
 from fitdqn.evaluate.report import TABLE_WIDTH, metrics_table, policy_label, run_markdown, split_verdict
 from fitdqn.evaluate.walk_forward import fold_market, run_fold
-from fitdqn.files import remove_stale_temp_files
+from fitdqn.files import BEST_NAME, CHECKPOINT_NAME, remove_stale_temp_files
 from fitdqn.learn.learner import Learner
 from fitdqn.market.env import STATE_DIM
 from fitdqn.market.loader import Market, load_market
@@ -52,7 +52,7 @@ from fitdqn.train.checkpoint import atomic_write_text, checkpoint_summary, load_
 from fitdqn.train.logs import METRICS_NAME, TENSORBOARD_DIR, RunLogger, read_jsonl
 from fitdqn.train.memory_check import format_rows, peak_memory_row
 from fitdqn.train.oom import OomGuard
-from fitdqn.train.trainer import CHECKPOINT_NAME, Trainer, write_run_config
+from fitdqn.train.trainer import Trainer, write_run_config
 
 CONFIG_NAME = "config.toml"
 RUN_FILES = ("config.toml", "plan.json", METRICS_NAME, TENSORBOARD_DIR, f"{TENSORBOARD_DIR}.rebuild", "*.pt",
@@ -126,7 +126,6 @@ class StopRequests:
         return "no checkpoint" if self.saved_epoch is None else f"the last checkpoint (epoch {self.saved_epoch})"
 
 
-BEST_NAME = "best.pt"
 
 
 def default_run_dir() -> Path:

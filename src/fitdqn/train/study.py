@@ -20,11 +20,12 @@ from rich.console import Console
 from fitdqn.config import Config
 from fitdqn.evaluate.report import study_markdown, study_summary, study_verdict
 from fitdqn.evaluate.walk_forward import FOLD_NAME, Fold, fold_market, folds_for, run_fold
+from fitdqn.files import CHECKPOINT_NAME
 from fitdqn.market.data import bars_per_year
 from fitdqn.market.loader import Market, load_market, market_contract
 from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.train.run import evaluate_run, print_report, resume_config, train
-from fitdqn.train.trainer import CHECKPOINT_NAME, write_run_config
+from fitdqn.train.trainer import write_run_config
 
 STUDY_NAME = "study.json"
 

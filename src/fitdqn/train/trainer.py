@@ -22,6 +22,7 @@ from fitdqn.device.blas import reserve_blas_workspaces
 from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.errors import UserError
+from fitdqn.files import CHECKPOINT_NAME
 from fitdqn.learn.schedule import Schedule, updates_owed
 from fitdqn.market.env import env_state_bytes
 from fitdqn.market.loader import Market, load_market, market_bytes
@@ -32,8 +33,6 @@ from fitdqn.system import build_system
 from fitdqn.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
 from fitdqn.train.distributed import world_size_of
 from fitdqn.train.memory_check import AllocationLedger
-
-CHECKPOINT_NAME = "checkpoint.pt"
 
 
 @dataclass
