@@ -206,10 +206,11 @@ class TraceSession:
     @contextmanager
     def _modes(self) -> Iterator[None]:
         # what lives before the trace is no garbage of the step: frozen, the collections after each step
-        # (``_run``) scan only what the trace made (a full collection of a process holding torch costs ~0.4 s)
-        freeze = gc.get_freeze_count() == 0  # a process that froze objects itself keeps them frozen, as it chose
-        if freeze:
-            gc.freeze()
+        # (``_run``) scan only what the trace made (a full collection of a process holding torch costs ~0.4 s).
+        # A caller that froze objects itself (``fitdqn plan`` does) gets these frozen with its own, and unfreezes
+        # them all when it unfreezes its own.
+        freeze = gc.get_freeze_count() == 0
+        gc.freeze()
         emulate = CudaAutocastOnCpu() if self.target.type == "cuda" and self.traced.type == "cpu" else nullcontext()
         try:
             with (self.fake_mode, self.traced, emulate, warnings.catch_warnings(), self.owner.active(),
