@@ -48,7 +48,15 @@ from fitdqn.memory.component import Component, ComponentName, tensor_bytes
 from fitdqn.memory.distributed import distributed_components
 from fitdqn.memory.kernel_scratch import CudaShape
 from fitdqn.memory.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
-from fitdqn.memory.trace import StepSetup, StepTrace, TraceSession, fake_device_for, line_above
+from fitdqn.memory.trace import (
+    StepSetup,
+    StepTrace,
+    TraceFit,
+    TraceSession,
+    fake_device_for,
+    fit_traces,
+    line_above,
+)
 from fitdqn.nets.groups import MEMORY_GROUPS, parameter_groups
 from fitdqn.plan.planner import InfeasiblePlan, Plan, make_plan
 from fitdqn.plan.replay_share import ReplayTooSmall, replay_component
@@ -286,12 +294,51 @@ class Tracer:
         digest = key_digest(self.key("session", 0, capacity=capacity))
         if digest not in _SESSIONS:
             _SESSIONS[digest] = session()
-        return _SESSIONS[digest].trace(name, batch, record_events)
+        if name != UPDATE:
+            return _SESSIONS[digest].trace(name, batch, record_events)
+        fitting = _FITS.setdefault(digest, _Fitting())
+        if fitting.fit is not None:
+            derived = fitting.fit.at(batch)
+            if derived is not None:
+                return derived
+            _NOTES.append(f"the update at batch {batch} traced: a size fitted through batch {fitting.fit.batches[0]} "
+                          f"and {fitting.fit.batches[1]} is negative there")
+        traced = _SESSIONS[digest].trace(name, batch, record_events, ledger=fitting.open)
+        fitting.add(traced)
+        return traced
+
+
+@dataclass
+class _Fitting:
+    """The update's traces of one stand-in system: the first two kept with their ledgers, then fitted
+    (``memory.trace.fit_traces``): every other batch's update is derived from the fit, not traced (exact where
+    every size is affine in the batch; where the two traces differ in their changes, each batch is traced and
+    the plan says why)."""
+
+    traces: list[StepTrace] = dataclasses.field(default_factory=list)
+    fit: TraceFit | None = None
+    failed: str = ""
+
+    @property
+    def open(self) -> bool:
+        return self.fit is None and not self.failed
+
+    def add(self, trace: StepTrace) -> None:
+        if not self.open or trace.ledger is None or any(t.batch_size == trace.batch_size for t in self.traces):
+            return
+        self.traces.append(trace)
+        if len(self.traces) == 2:
+            self.fit, self.failed = fit_traces(*self.traces)
+            self.traces = []  # the ledgers are in the fit now (or of no use)
+            if self.failed:
+                _NOTES.append(f"the update traced at every batch (not derived from two: {self.failed})")
 
 
 _SUMMARIES: dict[str, TraceSummary] = {}  # this process's traces by key digest: a plan asks for one several times
 _NETWORKS: dict[str, dict[str, int]] = {}  # network_fixed_bytes by traced config digest
 _SESSIONS: dict[str, TraceSession] | None = None  # the open sessions of the plan being made (``traced_sessions``)
+_FITS: dict[str, _Fitting] = {}  # the update's fit per open session (``traced_sessions``)
+_NOTES: list[str] = []  # what the plan being made says of its traces (``traced_sessions``)
 
 
 @contextlib.contextmanager
@@ -307,6 +354,7 @@ def traced_sessions() -> Iterator[None]:
         yield
     finally:
         sessions, _SESSIONS = _SESSIONS, None
+        _FITS.clear()
         for session in sessions.values():
             session.close()
 
@@ -474,7 +522,11 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
     proportion to one trace at that batch: a profile or user batch is checked there; an auto batch is searched
     (``refine_auto_batch``)."""
     with traced_sessions():  # one stand-in system per traced capacity, built once for every trace below
-        return _plan_for_device(config, device, inputs)
+        start = len(_NOTES)
+        plan = _plan_for_device(config, device, inputs)
+        notes = tuple(dict.fromkeys(_NOTES[start:]))
+        del _NOTES[start:]
+        return dataclasses.replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 
 
 def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None) -> Plan:
