@@ -522,7 +522,10 @@ class TraceFit:
     of the ops with modelled scratch) as an integer line in the batch, fitted through two traces of the same
     step (``fit_traces``). ``at(batch)`` replays the entries as ``LiveBytes`` counts them: the live peak, its
     split by group, the allocator events; each equals the real trace's wherever every size is affine in the
-    batch (the scratch is recomputed by the tracker's own model from the fitted shapes)."""
+    batch (the scratch is recomputed by the tracker's own model from the fitted shapes). Two traces refuse a
+    step whose changes differ between them or a size with no whole bytes per sample between them; a size that
+    is not affine but has whole bytes per sample through both points cannot be told from two traces, so a step
+    planned this way is checked against real traces at other batches (``tests/plan/test_trace_fit.py``)."""
 
     batches: tuple[int, int]
     template: StepTrace  # the first trace: devices, baseline, note

@@ -669,6 +669,6 @@ def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, pr
             *plan.notes, f"auto batch {batch}: not checked by a trace (no traced batch fitted in "
                          f"{AUTO_REFINE_ROUNDS} rounds)"))
     batch, candidate = fitted
-    note = (f"auto batch {batch}: the step traced at {batch} samples fits "
+    note = (f"auto batch {batch}: the step at {batch} samples (traced, or derived from two traces) fits "
             f"(the lines fitted at {max(lines_at)} samples gave {plan.batch_size})")
     return dataclasses.replace(candidate, batch_size=batch, notes=(*candidate.notes, note))
