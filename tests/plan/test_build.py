@@ -167,7 +167,7 @@ def test_refining_an_auto_batch_finds_the_largest_that_fits_and_never_more(monke
     assert need(plan.batch_size) <= room  # it fits
     assert plan.batch_size >= 0.98 * largest  # and is nearly the largest that does
     assert plan.batch_size in anchors  # a batch that was traced, not extrapolated
-    assert any("the step traced at" in note for note in plan.notes)
+    assert any(f"the step at {plan.batch_size} samples" in note for note in plan.notes)
 
 
 def test_the_replay_and_her_shares_of_the_step_are_traced_not_typed_in():
