@@ -226,3 +226,12 @@ def test_one_trace_session_gives_the_traces_of_fresh_systems():
         session.close()
     assert shared == fresh
     assert shared[2].step_bytes > shared[1].step_bytes > 0 and shared[0].step_bytes > 0
+
+
+@pytest.mark.parametrize("bars", [2, 6000, 60_001])
+def test_a_synthetic_markets_bars_are_counted_without_making_them(bars):
+    from fitdqn.market.data import bars_from_config
+    from fitdqn.plan.build import PlanInputs
+
+    config = synthetic(**{"market.synthetic_bars": bars})
+    assert PlanInputs.from_config(config).num_bars == len(bars_from_config(config.market)) == bars
