@@ -32,18 +32,21 @@ def same_step(derived, traced) -> None:
     assert keyed(derived.events) == keyed(traced.events)
 
 
-@pytest.mark.parametrize("device", [what_if("rtx3050", None, int(1.7 * 2**30)), CPU], ids=["cuda", "cpu"])
-def test_the_derived_update_equals_the_traced_one_event_by_event(device):
+@pytest.mark.parametrize(("device", "first"), [(what_if("rtx3050", None, int(1.7 * 2**30)), 4096), (CPU, 512)],
+                         ids=["cuda", "cpu"])
+def test_the_derived_update_equals_the_traced_one_event_by_event(device, first):
+    """As the planner fits it (``fit_update``: its first batch, without a warm-up, and twice that), at the first
+    batch the plan asks for on each (the graph pool's 4096 on a graphed GPU, 512 on the CPU)."""
     config, _ = build.trace_config(Config(), device)
     shape = build._cuda_shape(device) if device.kind == "cuda" else None
     session = TraceSession(build.make_system_session(config, 2000, 2**15), device.kind, cuda_shape=shape)
     try:
-        fitted = [session.trace(build.UPDATE, batch, True, ledger=True) for batch in build.GRAPH_POOL_BATCHES]
-        fit, why = fit_traces(*fitted)
+        session.trace(build.COLLECT, config.collect.num_envs)  # as in a plan: the collector first
+        fit, at_first, why = build.fit_update(session, first)
         assert fit is not None, why
-        for trace in fitted:  # exact through its own points
-            same_step(fit.at(trace.batch_size), trace)
-        for batch in CHECKED:
+        assert fit.batches == (first, 2 * first)
+        same_step(fit.at(first), at_first)
+        for batch in (first, 2 * first, *CHECKED):  # warm traces, also at the fit's own batches
             same_step(fit.at(batch), session.trace(build.UPDATE, batch, True))
     finally:
         session.close()
@@ -92,5 +95,34 @@ def test_a_toy_step_is_derived_exactly():
         assert fit is not None, why
         for batch in (1, 100, 1000):
             same_step(fit.at(batch), session.trace("step", batch, True))
+    finally:
+        session.close()
+
+
+def test_a_first_step_that_makes_lasting_state_is_traced_again_warm():
+    """``fit_update`` traces its first batch without a warm-up; a step whose first run makes what persists (here a
+    buffer, as a lazily made optimizer state would be) is traced again once warm, and that trace is the one kept."""
+
+    def make_session(device):
+        persistent = []
+        layer = torch.nn.Linear(8, 8, device=device)
+
+        def steps(name, batch):
+            def step():
+                if not persistent:
+                    persistent.append(torch.zeros(1000, device=device))  # made once, kept
+                layer(torch.ones(batch, 8, device=device)).sum().backward()
+
+            return step
+
+        return steps
+
+    session = TraceSession(make_session, "cpu")
+    try:
+        fit, first, why = build.fit_update(session, 64)
+        assert fit is not None, why
+        warm = session.trace(build.UPDATE, 64, True)
+        same_step(first, warm)
+        same_step(fit.at(64), warm)
     finally:
         session.close()

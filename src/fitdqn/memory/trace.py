@@ -199,16 +199,18 @@ class TraceSession:
         self._steps: SessionSteps | None = None
         self._warm: set[str] = set()
 
-    def trace(self, name: str, batch_size: int, record_events: bool = False, ledger: bool = False) -> StepTrace:
+    def trace(self, name: str, batch_size: int, record_events: bool = False, ledger: bool = False,
+              warm_up: bool = True) -> StepTrace:
         """The step ``name`` traced at ``batch_size`` (the first call builds the system); with ``ledger`` it keeps
-        every change of the live bytes (``StepTrace.ledger``, for ``TraceFit``)."""
+        every change of the live bytes (``StepTrace.ledger``, for ``TraceFit``). ``warm_up=False``: the step's
+        first trace runs no warm-up step (the caller checks that nothing it made persists)."""
         with self._modes():
             if self._steps is None:
                 self._steps = self.make_session(self.traced)
             setup = _as_setup(self._steps(name, batch_size))
             self.owner.attach(setup.groups)
             self.owner.attach_calls(setup.calls)
-            warmup = 0 if name in self._warm else self.warmup_steps
+            warmup = 0 if name in self._warm or not warm_up else self.warmup_steps
             self._warm.add(name)
             return _measured_step(setup, batch_size, self.target, self.traced, self.note, warmup, self.tracker,
                                   record_events, ledger)

@@ -299,48 +299,39 @@ class Tracer:
             _SESSIONS[digest] = session()
         if name != UPDATE:
             return _SESSIONS[digest].trace(name, batch, record_events)
-        fitting = _FITS.setdefault(digest, _Fitting())
-        if fitting.fit is not None:
-            derived = fitting.fit.at(batch)
-            if derived is not None:
-                return derived
-            _NOTES.append(f"the update at batch {batch} traced: a size fitted through batch {fitting.fit.batches[0]} "
-                          f"and {fitting.fit.batches[1]} is negative there")
-        traced = _SESSIONS[digest].trace(name, batch, record_events, ledger=fitting.open)
-        fitting.add(traced)
-        return traced
+        if digest not in _FITS:  # the first update asked of this system: traced with twice its batch, and fitted
+            _FITS[digest], first, failed = fit_update(_SESSIONS[digest], batch)
+            if failed:
+                _NOTES.append(f"the update traced at every batch (not derived from two traces: {failed})")
+            return first
+        fit = _FITS[digest]
+        derived = fit.at(batch) if fit is not None else None
+        if derived is not None:
+            return derived
+        if fit is not None:
+            _NOTES.append(f"the update at batch {batch} traced: a size fitted through batch {fit.batches[0]} and "
+                          f"{fit.batches[1]} is negative there")
+        return _SESSIONS[digest].trace(name, batch, record_events)
 
 
-@dataclass
-class _Fitting:
-    """The update's traces of one stand-in system: the first two kept with their ledgers, then fitted
-    (``memory.trace.fit_traces``): every other batch's update is derived from the fit, not traced (exact where
-    every size is affine in the batch; where the two traces differ in their changes, each batch is traced and
-    the plan says why)."""
-
-    traces: list[StepTrace] = dataclasses.field(default_factory=list)
-    fit: TraceFit | None = None
-    failed: str = ""
-
-    @property
-    def open(self) -> bool:
-        return self.fit is None and not self.failed
-
-    def add(self, trace: StepTrace) -> None:
-        if not self.open or trace.ledger is None or any(t.batch_size == trace.batch_size for t in self.traces):
-            return
-        self.traces.append(trace)
-        if len(self.traces) == 2:
-            self.fit, self.failed = fit_traces(*self.traces)
-            self.traces = []  # the ledgers are in the fit now (or of no use)
-            if self.failed:
-                _NOTES.append(f"the update traced at every batch (not derived from two: {self.failed})")
+def fit_update(session: TraceSession, batch: int) -> tuple[TraceFit | None, StepTrace, str]:
+    """The update of ``session``'s system traced at ``batch`` and ``2 x batch`` and fitted (``fit_traces``): the
+    fit (None if the two differ, and why), and the update at ``batch``. The first trace runs no warm-up step: where
+    the fit holds, its step made the same changes from the same baseline as the warm one after it, so nothing it
+    made persists; where it does not, ``batch`` is traced again, warm, and fitted again."""
+    first = session.trace(UPDATE, batch, True, ledger=True, warm_up=False)
+    second = session.trace(UPDATE, 2 * batch, True, ledger=True)
+    fit, failed = fit_traces(first, second)
+    if fit is None:  # its first step may have made what persists between steps (optimizer state): again, warm
+        first = session.trace(UPDATE, batch, True, ledger=True)
+        fit, failed = fit_traces(first, second)
+    return fit, first, failed
 
 
 _SUMMARIES: dict[str, TraceSummary] = {}  # this process's traces by key digest: a plan asks for one several times
 _NETWORKS: dict[str, dict[str, int]] = {}  # network_fixed_bytes by traced config digest
 _SESSIONS: dict[str, TraceSession] | None = None  # the open sessions of the plan being made (``traced_sessions``)
-_FITS: dict[str, _Fitting] = {}  # the update's fit per open session (``traced_sessions``)
+_FITS: dict[str, TraceFit | None] = {}  # the update's fit per open session (None: none holds; ``fit_update``)
 _NOTES: list[str] = []  # what the plan being made says of its traces (``traced_sessions``)
 
 
