@@ -126,3 +126,19 @@ def test_a_first_step_that_makes_lasting_state_is_traced_again_warm():
         same_step(fit.at(64), warm)
     finally:
         session.close()
+
+
+def test_the_stand_in_collector_is_warm_when_built():
+    """The planner traces the collector with no warm-up step: the stand-in system ran it to fill its replay."""
+    device = what_if("rtx3050", None, int(1.7 * 2**30))
+    config, _ = build.trace_config(Config(), device)
+    summaries = []
+    for warm_up in (True, False):
+        session = TraceSession(build.make_system_session(config, 2000, 2**15), "cuda",
+                               cuda_shape=build._cuda_shape(device))
+        try:
+            trace = session.trace(build.COLLECT, config.collect.num_envs, True, warm_up=warm_up)
+        finally:
+            session.close()
+        summaries.append((trace.baseline_bytes, trace.step_by_group, keyed(trace.events)))
+    assert summaries[0] == summaries[1]

@@ -297,8 +297,8 @@ class Tracer:
         digest = key_digest(self.key("session", 0, capacity=capacity))
         if digest not in _SESSIONS:
             _SESSIONS[digest] = session()
-        if name != UPDATE:
-            return _SESSIONS[digest].trace(name, batch, record_events)
+        if name != UPDATE:  # the collector: warm already (``stand_in_system`` ran its steps to fill the replay)
+            return _SESSIONS[digest].trace(name, batch, record_events, warm_up=False)
         if digest not in _FITS:  # the first update asked of this system: traced with twice its batch, and fitted
             _FITS[digest], first, failed = fit_update(_SESSIONS[digest], batch)
             if failed:
