@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--folds", type=int, default=4, help="walk-forward folds (default: 4)")
     parser.add_argument("--config", help="TOML config for every run (default: the defaults)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--only-seed", type=int, metavar="K",
+                        help="train only seed index K's members and report nothing (run several side by side, "
+                             "then once without it to read them back and report)")
     parser.add_argument("--out", default="runs/real_bars", help="output directory (default: runs/real_bars)")
     args = parser.parse_args(argv)
     base = load_config(args.config) if args.config else Config()
@@ -79,8 +82,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for data in [d for d in args.data.split(",") if d]:
         config = with_overrides(base, {"market.data": data, "train.out": str(out / data)})
         start = time.perf_counter()
-        studies[data] = run_study(config, out / data, console)
+        studies[data] = run_study(config, out / data, console,
+                                  None if args.only_seed is None else [args.only_seed])
         seconds[data] = time.perf_counter() - start
+    if args.only_seed is not None:
+        return {"seconds": seconds}
     markdown = table(studies, base)
     import torch
 

@@ -130,6 +130,11 @@ class LearnConfig:
                            choices=("sqrt", "linear", "none"))
     lr_max: float = knob(1e-3, "the largest learning rate the scaling rule scales up to (4e-3 at batch 16384 "
                          "diverged on the synthetic market); a learn.lr above it is kept as given", gt=0, le=1)
+    lr_decay: str = knob("none", "learning rate over the run's env steps: 'none' (constant), 'cosine' or 'linear' "
+                         "(from the batch's rate down to learn.lr_final x it at the end of the run)",
+                         choices=("none", "cosine", "linear"))
+    lr_final: float = knob(0.1, "the rate at the end of the run, as a fraction of the start's (learn.lr_decay)",
+                           ge=0, le=1)
     adam_eps: float = knob(1.5e-4, "Adam epsilon", gt=0)
     grad_clip: float = knob(10.0, "global gradient-norm clip", gt=0)
     target_update: str = knob("soft", "target network update: 'soft' (Polyak, every step) or 'hard' (copy)",

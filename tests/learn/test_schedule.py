@@ -9,7 +9,7 @@ import torch
 from learn_helpers import STATE_DIM, small_config
 
 from fitdqn.config import AUTO_NUM_ENVS, SMALL_NET, Config, ConfigError, NetConfig, for_device, with_overrides
-from fitdqn.learn import Learner, Schedule, scaled_lr, target_period_at, target_tau_at, updates_owed
+from fitdqn.learn import Learner, Schedule, lr_factor, scaled_lr, target_period_at, target_tau_at, updates_owed
 from fitdqn.learn.target import update_target
 
 
@@ -26,6 +26,41 @@ def test_sqrt_rule_from_the_base_batch_capped_at_lr_max():
     assert scaled_lr(learn(lr=1e-4, lr_scaling="linear", lr_max=1.0), 1024) == pytest.approx(4e-4)
     assert scaled_lr(learn(lr=1e-4, lr_scaling="none"), 16384) == pytest.approx(1e-4)
     assert scaled_lr(learn(lr=2e-3, lr_max=1e-3), 16384) == pytest.approx(2e-3)  # a given lr above the cap stays
+
+
+def test_lr_decay_shares_of_the_batch_rate():
+    assert lr_factor(learn(lr_decay="none"), 0.7) == 1.0
+    cosine = learn(lr_decay="cosine", lr_final=0.1)
+    assert lr_factor(cosine, 0.0) == pytest.approx(1.0)
+    assert lr_factor(cosine, 0.5) == pytest.approx(0.55)  # halfway between 1 and 0.1
+    assert lr_factor(cosine, 1.0) == pytest.approx(0.1)
+    assert lr_factor(cosine, 0.25) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)
+    assert lr_factor(learn(lr_decay="linear", lr_final=0.0), 0.25) == pytest.approx(0.75)
+    assert lr_factor(cosine, 3.0) == pytest.approx(0.1)  # clamped past the end
+
+
+def test_the_optimizer_steps_with_the_scheduled_rate_and_a_load_keeps_the_rate_tensor():
+    config = small_config(lr=1e-3, base_batch=256, lr_max=1e-3, lr_decay="linear", lr_final=0.0)
+    torch.manual_seed(0)
+    learner = Learner(config, STATE_DIM, "cpu")
+    learner.set_batch_size(256)
+    learner.set_lr_progress(0.75)
+    assert learner.optimizer.param_groups[0]["lr"] is learner.lr
+    assert learner.lr.item() == pytest.approx(2.5e-4)
+    rate = learner.lr
+    other = Learner(config, STATE_DIM, "cpu")
+    other.set_batch_size(256)
+    learner.load_state_dict(other.state_dict())  # saved at progress 0: the rate 1e-3, copied in place
+    assert learner.lr is rate and learner.optimizer.param_groups[0]["lr"] is rate
+    assert learner.lr.item() == pytest.approx(1e-3)
+    # one Adam step moves each weight by about lr (the first step's update is lr x sign(grad))
+    learner.set_lr_progress(0.5)
+    weight = next(learner.online.parameters())
+    before = weight.detach().clone()
+    for p in learner.params:
+        p.grad = torch.ones_like(p)
+    learner.optimizer.step()
+    assert (before - weight.detach()).abs().max().item() == pytest.approx(5e-4, rel=1e-3)
 
 
 def test_soft_target_keeps_its_time_constant_in_samples():

@@ -12,7 +12,8 @@ _HOMES = {
     "select_actions": "act", "random_batch": "batch", "BATCH_KEYS": "learner", "OUTPUT_KEYS": "learner",
     "Learner": "learner", "categorical_projection": "losses", "expectile_loss": "losses",
     "quantile_huber_loss": "losses", "autocast": "precision", "autocast_dtype": "precision", "Schedule": "schedule",
-    "scaled_lr": "schedule", "target_period_at": "schedule", "target_tau_at": "schedule", "updates_owed": "schedule",
+    "scaled_lr": "schedule", "lr_factor": "schedule", "target_period_at": "schedule", "target_tau_at": "schedule",
+    "updates_owed": "schedule",
     "target_weight": "target", "update_target": "target",
 }
 

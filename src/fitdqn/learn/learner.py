@@ -49,7 +49,7 @@ from fitdqn.config import Config
 from fitdqn.learn.act import select_actions
 from fitdqn.learn.losses import categorical_projection, expectile_loss, quantile_huber_loss
 from fitdqn.learn.precision import autocast, autocast_dtype
-from fitdqn.learn.schedule import scaled_lr, target_period_at, target_tau_at
+from fitdqn.learn.schedule import lr_factor, scaled_lr, target_period_at, target_tau_at
 from fitdqn.learn.target import target_weight, update_target
 from fitdqn.nets.iql import ValueNet
 from fitdqn.nets.qnet import QNetwork
@@ -80,8 +80,11 @@ class Learner:
         self.target_params = list(self.target.parameters())
         self.autocast_dtype = autocast_dtype(self.learn_config.precision, self.device)
         cuda = self.device.type == "cuda"
+        # a tensor, so a captured update reads the rate the schedule sets between replays (set_lr_progress)
+        self.lr = torch.tensor(self.learn_config.lr, dtype=torch.float32, device=self.device)  # []
+        self.lr_progress = 0.0
         self.optimizer = torch.optim.Adam(
-            self.params, lr=self.learn_config.lr, eps=self.learn_config.adam_eps, capturable=cuda, fused=True
+            self.params, lr=self.lr, eps=self.learn_config.adam_eps, capturable=cuda, fused=True
         )
         self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # updates done
         # data-parallel runs: averages the gradients across ranks, between backward and the clip/step (set by
@@ -95,10 +98,15 @@ class Learner:
         :mod:`fitdqn.learn.schedule`). Call before capturing the update in a graph: the graph keeps them."""
         cfg = self.learn_config
         self.batch_size = int(batch_size)
-        for group in self.optimizer.param_groups:
-            group["lr"] = scaled_lr(cfg, self.batch_size)
+        self.set_lr_progress(self.lr_progress)
         self.target_tau = target_tau_at(cfg, self.batch_size)
         self.target_period = target_period_at(cfg, self.batch_size)
+
+    def set_lr_progress(self, progress: float) -> None:
+        """The learning rate at ``progress`` through the run (0..1): the batch's rate (``scaled_lr``) times the
+        decay's share (``lr_factor``); written into the rate tensor that the optimizer (and its graph) reads."""
+        self.lr_progress = float(progress)
+        self.lr.fill_(scaled_lr(self.learn_config, self.batch_size) * lr_factor(self.learn_config, progress))
 
     # ------------------------------------------------------------------ update
 
@@ -206,7 +214,11 @@ class Learner:
                     tensor.copy_(loaded["state"][index][key])
         for group, loaded_group in zip(self.optimizer.param_groups, loaded["param_groups"], strict=True):
             for key, value in loaded_group.items():
-                if key != "params":
+                if key == "params":
+                    continue
+                if isinstance(group[key], torch.Tensor):  # the rate tensor: in place (a graph reads it)
+                    group[key].copy_(value)
+                else:
                     group[key] = value
         self.step.copy_(state["step"])
 

@@ -11,7 +11,9 @@ not follow that choice. So a run is set by:
   ``learn.lr_scaling``: ``'sqrt'`` (default; ``lr x sqrt(batch / base_batch)``, the square-root rule for Adam:
   Malladi et al. 2022, "On the SDEs and scaling rules for adaptive gradient algorithms"), ``'linear'``
   (Goyal et al. 2017, for SGD) or ``'none'``, never above ``learn.lr_max`` (the rules hold while the rate is
-  small: at batch 16384 the square-root rule's 4e-3 from 5e-4 at 256 diverged on the synthetic market);
+  small: at batch 16384 the square-root rule's 4e-3 from 5e-4 at 256 diverged on the synthetic market), and
+  over the run by ``learn.lr_decay`` (``lr_factor``: cosine or linear down to ``learn.lr_final`` of it, on the
+  clock of the run's env steps, so the decay sits at the same point of the run at every batch);
 * **target-network time constants in samples**: the soft factor ``learn.target_tau`` is the Polyak factor of
   one update at the base batch; at batch ``B`` it is ``1 - (1 - tau)^(B / base_batch)``, so after any number
   of samples the online weights' share in the target is the same at every batch. A hard copy every
@@ -41,6 +43,7 @@ from typing import Any
 from fitdqn.config import Config, LearnConfig, knob_choices
 
 LR_SCALINGS = knob_choices(LearnConfig, "lr_scaling")
+LR_DECAYS = knob_choices(LearnConfig, "lr_decay")
 
 
 def scaled_lr(learn: LearnConfig, batch_size: int) -> float:
@@ -55,6 +58,21 @@ def scaled_lr(learn: LearnConfig, batch_size: int) -> float:
     if learn.lr_scaling == "none":
         return learn.lr
     raise ValueError(f"learn.lr_scaling must be one of {LR_SCALINGS}, got {learn.lr_scaling!r}")
+
+
+def lr_factor(learn: LearnConfig, progress: float) -> float:
+    """The share of the batch's learning rate at ``progress`` (0 = the run's start, 1 = its end) under
+    ``learn.lr_decay``: 1 throughout for 'none'; 'cosine' and 'linear' go from 1 down to ``learn.lr_final``."""
+    progress = min(max(progress, 0.0), 1.0)
+    if learn.lr_decay == "none":
+        return 1.0
+    if learn.lr_decay == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    elif learn.lr_decay == "linear":
+        shape = 1.0 - progress
+    else:
+        raise ValueError(f"learn.lr_decay must be one of {LR_DECAYS}, got {learn.lr_decay!r}")
+    return learn.lr_final + (1.0 - learn.lr_final) * shape
 
 
 def target_tau_at(learn: LearnConfig, batch_size: int) -> float:
@@ -95,7 +113,9 @@ class Schedule:
     sample_reuse: float  # the reuse the run draws: train.sample_reuse, or more where the floor of updates binds
     samples: int  # drawn over the run: updates x batch (<= reuse x env_steps)
     updates: int  # over the run
-    lr: float
+    lr: float  # at the run's start
+    lr_end: float  # at its end (learn.lr_decay)
+    lr_decay: str
     target_update: str
     target_tau: float  # per update (soft)
     target_period: int  # updates (hard)
@@ -121,6 +141,8 @@ class Schedule:
             samples=updates * batch_size,
             updates=updates,
             lr=scaled_lr(learn, batch_size),
+            lr_end=scaled_lr(learn, batch_size) * lr_factor(learn, 1.0),
+            lr_decay=learn.lr_decay,
             target_update=learn.target_update,
             target_tau=target_tau_at(learn, batch_size),
             target_period=target_period_at(learn, batch_size),
@@ -157,7 +179,8 @@ class Schedule:
             ("env steps", f"{self.env_steps:,}  ({self.epochs} epochs x {self.env_steps_per_epoch:,})"),
             ("updates", f"{self.updates:,}  at batch {self.batch_size:,}"),
             ("samples", f"{self.samples:,}  ({reuse})"),
-            ("learning rate", f"{self.lr:.4g}"),
+            ("learning rate", f"{self.lr:.4g}" if self.lr_decay == "none"
+             else f"{self.lr:.4g} -> {self.lr_end:.4g}  ({self.lr_decay} over the run)"),
             ("target network", target),
             ("epsilon decay", f"over {self.epsilon_decay_steps:,} env steps"),
             ("updates start", f"after {self.min_fill:,} transitions"),

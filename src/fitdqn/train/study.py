@@ -53,8 +53,12 @@ def member_market(config: Config, run_dir: Path) -> Market | None:
     return fold_market(load_market(config.market, window=config.net.window, device="cpu"), fold, config)
 
 
-def run_study(config: Config, run_dir: Path, console: Console | None = None) -> dict[str, Any]:
-    """Train every member of the study (or read back the finished ones) and write the joint report."""
+def run_study(config: Config, run_dir: Path, console: Console | None = None,
+              seed_indices: list[int] | None = None) -> dict[str, Any] | None:
+    """Train every member of the study (or read back the finished ones) and write the joint report.
+
+    ``seed_indices`` trains only those seeds' members and writes no report (several processes can fill one
+    study side by side; a last call with every seed reads them back and reports)."""
     console = console or Console()
     e = config.evaluate
     console.print(f"run directory: {run_dir}", highlight=False, markup=False, soft_wrap=True)
@@ -64,7 +68,7 @@ def run_study(config: Config, run_dir: Path, console: Console | None = None) -> 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_config(run_dir, config)
     members = []
-    for s in range(e.seeds):
+    for s in range(e.seeds) if seed_indices is None else seed_indices:
         seed_config = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=config.train.seed + s))
         for fold in folds:
             sub = member_dir(run_dir, s, fold)
@@ -84,6 +88,8 @@ def run_study(config: Config, run_dir: Path, console: Console | None = None) -> 
                             "capital": report["test"]["capital"], "test": report["test"],
                             "selected_epoch": report["selection"]["epoch"],
                             "pnl": pd.read_csv(sub / "test_pnl.csv")})
+    if seed_indices is not None:
+        return None
     summary = study_summary(members, config, bars_per_year(market.bars["timestamp"]))
     summary["verdict"] = study_verdict(summary, config)
     summary["members"] = [{k: m[k] for k in ("seed", "fold", "dir", "selected_epoch")} for m in members]
