@@ -15,7 +15,9 @@
   components above already budget, at ``GRAPH_POOL_BATCHES``.
 
 The training step traced is the one the trainer captures: ``replay.sample -> Learner.update ->
-replay.update_priorities``, on fake tensors (``fitdqn.memory.trace``), at two batch sizes.
+replay.update_priorities``, on fake tensors (``fitdqn.memory.trace``), at two batch sizes; the update at any
+other batch is derived from those two (``fit_update``, ``memory.trace.TraceFit``), exact where every size is affine
+in the batch.
 """
 
 from __future__ import annotations
@@ -513,8 +515,8 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
     step's live peak grows more slowly than its slope there (the staging buffers of reductions over the batch
     stop growing once they fill the GPU's SMs), its peak moves between phases, and the graph pool's slack is
     not linear in the batch. So a batch beyond ``GRAPH_POOL_BATCHES`` is planned with the step's components in
-    proportion to one trace at that batch: a profile or user batch is checked there; an auto batch is searched
-    (``refine_auto_batch``)."""
+    proportion to the step at that batch: a profile or user batch is checked there; an auto batch is searched
+    (``refine_auto_batch``). The update is traced at two batches and derived at every other (``fit_update``)."""
     with traced_sessions():  # one stand-in system per traced capacity, built once for every trace below
         start = len(_NOTES)
         plan = _plan_for_device(config, device, inputs)
