@@ -121,12 +121,14 @@ class LearnConfig:
 
     gamma: float = knob(0.9, "discount per step", ge=0, le=1)
     n_step: int = knob(1, "n-step return length", ge=1)
-    lr: float = knob(1e-3, "Adam learning rate at batch learn.base_batch (scaled for the batch in use by "
+    lr: float = knob(1e-3, "Adam learning rate at batch learn.lr_base_batch (scaled for the batch in use by "
                      "learn.lr_scaling, up to learn.lr_max)", gt=0, le=1)
-    base_batch: int = knob(256, "the batch at which learn.lr, learn.target_tau and learn.target_period are given",
-                           ge=1)
-    lr_scaling: str = knob("sqrt", "learning rate at batch B: 'sqrt' (lr x sqrt(B / base_batch), the rule for Adam), "
-                           "'linear' (lr x B / base_batch) or 'none'; at most learn.lr_max",
+    lr_base_batch: int = knob(0, "the batch at which learn.lr is given; 0 = auto: the tested batch of the device's "
+                              "profile (256 on a CPU, 16384 on an H200)", ge=0)
+    base_batch: int = knob(256, "the batch at which learn.target_tau and learn.target_period are given", ge=1)
+    lr_scaling: str = knob("linear", "learning rate at batch B: 'linear' (lr x B / lr_base_batch: the same "
+                           "parameter travel per sample at every batch), 'sqrt' (lr x sqrt(B / lr_base_batch)) or "
+                           "'none'; at most learn.lr_max",
                            choices=("sqrt", "linear", "none"))
     lr_max: float = knob(1e-3, "the largest learning rate the scaling rule scales up to (4e-3 at batch 16384 "
                          "diverged on the synthetic market); a learn.lr above it is kept as given", gt=0, le=1)
@@ -257,7 +259,8 @@ class TrainConfig:
     threads: int = knob(
         0, "CPU threads for torch; 0 = auto: OMP_NUM_THREADS if set, else the cores this process may use "
         "(CPU affinity, capped by a container's CPU quota)", ge=0)
-    eval_every: int = knob(5, "epochs between validation backtests", ge=1)
+    eval_every: int = knob(0, "epochs between validation backtests (each one may become the reported network); "
+                           "0 = auto: every epoch on a GPU, every 5 on the CPU", ge=0)
     checkpoint_every: int = knob(5, "epochs between checkpoints", ge=1)
     keep_replay: bool = knob(
         True, "keep the replay buffer in a finished run's checkpoint, so --resume with more --epochs continues it "
@@ -489,6 +492,9 @@ AUTO_NUM_ENVS = {"cuda": 4096, "cpu": 32}
 # 16384); more passes over the 4,200 training bars of the synthetic market made the validation Sharpe fall
 AUTO_STEPS_PER_EPOCH = {"cuda": 16, "cpu": 64}
 AUTO_NET_SIZE = {"cuda": "full", "cpu": "small"}
+# train.eval_every = 0: on the H200 the default run's validation Sharpe peaks and falls between the every-5-epoch
+# backtests; validating every epoch (about 2 s a backtest there) lets validation choose from all 20 (BENCHMARKS.md)
+AUTO_EVAL_EVERY = {"cuda": 1, "cpu": 5}
 # net.size = 'small': the widths of a net that a 2-core CPU trains at ~10 updates/s at batch 256 (the full
 # widths: ~1 update/s, too slow to learn in minutes)
 SMALL_NET = {"trunk_hidden": 128, "d_model": 64, "stream_hidden": 64, "iqn_embedding": 32, "iqn_quantiles": 16,
@@ -531,6 +537,9 @@ def for_device(config: Config, device_kind: str) -> Config:
     if config.collect.steps_per_epoch == 0:
         collect = dataclasses.replace(config.collect, steps_per_epoch=AUTO_STEPS_PER_EPOCH[device_kind])
         config = dataclasses.replace(config, collect=collect)
+    if config.train.eval_every == 0:
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train,
+                                                                      eval_every=AUTO_EVAL_EVERY[device_kind]))
     size = AUTO_NET_SIZE[device_kind] if config.net.size == "auto" else config.net.size
     net = dataclasses.replace(config.net, size=size)
     if size == "small":  # widths the user left at their defaults become the small ones

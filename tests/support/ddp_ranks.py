@@ -104,11 +104,31 @@ def failing_rank(rank: int, world: int, port: int, out: str, mode: str, timeout_
     (Path(out) / "rank0.txt").write_text(message)
 
 
+def capture_update(learner: Learner, example: dict[str, torch.Tensor]):
+    """``learner.update`` captured in a CUDA graph as the trainer captures it (``capture_graph``), with the learner's
+    state put back after the warm-up updates (so it stays in step with an eager twin); returns ``step(batch)``,
+    which copies ``batch`` into the graph's inputs, replays it and returns the update's outputs."""
+    import copy
+
+    from fitdqn.device.graphs import capture_graph
+
+    static = {key: value.clone() for key, value in example.items()}
+    saved = copy.deepcopy(learner.state_dict())
+    graph, outputs = capture_graph(lambda: learner.update(static), learner.device)
+    learner.load_state_dict(saved)  # in place: the graph keeps reading the same tensors
+
+    def step(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        for key, value in batch.items():
+            static[key].copy_(value)
+        graph.replay()
+        return outputs
+
+    return step
+
+
 def captured_rank(rank: int, world: int, port: int, out: str, updates: int) -> None:
     """NCCL on CUDA: the update with the gradient all-reduce, eager and captured in a CUDA graph, from the same
     weights on the same batches; writes both learners' states and the last outputs."""
-    from fitdqn.learn import capture_update
-
     job = join_job(rank, world, port, timeout_s=120.0, device="auto")
     assert job.backend == "nccl", job.backend
     eager, graphed = make_learner(0, 64 * world, "cuda"), make_learner(0, 64 * world, "cuda")
