@@ -118,7 +118,8 @@ class LiveBytes(TorchDispatchMode):
         if self.scratch is not None:
             nbytes = self.scratch(func, args, kwargs)
             if self.ledger is not None:
-                self.ledger.transient(func, args, kwargs, nbytes, self.owner_of)
+                with self._lock:
+                    self.ledger.transient(func, args, kwargs, nbytes, self.owner_of)
             self._transient(func, nbytes)
         return out
 
