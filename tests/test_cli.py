@@ -257,3 +257,17 @@ def test_the_console_script_is_the_cli_main():
     pyproject = tomllib.loads((pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     module, _, name = pyproject["project"]["scripts"]["fitdqn"].partition(":")
     assert getattr(importlib.import_module(module), name) is fitdqn.cli.main is main
+
+
+def test_a_command_named_on_the_line_builds_its_parser_alone():
+    """`fitdqn plan ...` builds only plan's parser (building every command's costs a tenth of a second) and
+    parses the same options as the whole parser; no command named: every command is there."""
+    alone = build_parser(["plan", "--gpu", "h100"])
+    commands = next(a for a in alone._actions if a.dest == "command")
+    assert sorted(commands.choices) == ["plan"]
+    argv = ["plan", "--gpu", "h100", "--batch-size", "512", "--learn.n-step", "5"]
+    assert vars(alone.parse_args(argv)).keys() == vars(build_parser().parse_args(argv)).keys()
+    assert config_from_args(alone.parse_args(argv)) == config_from_args(build_parser().parse_args(argv))
+    assert sorted(next(a for a in build_parser(["profiles"])._actions if a.dest == "command").choices) == [
+        "gpu-profiles", "profiles"]
+    assert len(next(a for a in build_parser(["--version"])._actions if a.dest == "command").choices) > 9

@@ -167,7 +167,7 @@ def test_refining_an_auto_batch_finds_the_largest_that_fits_and_never_more(monke
     assert need(plan.batch_size) <= room  # it fits
     assert plan.batch_size >= 0.98 * largest  # and is nearly the largest that does
     assert plan.batch_size in anchors  # a batch that was traced, not extrapolated
-    assert any("the step traced at" in note for note in plan.notes)
+    assert any(f"the step at {plan.batch_size} samples" in note for note in plan.notes)
 
 
 def test_the_replay_and_her_shares_of_the_step_are_traced_not_typed_in():
@@ -226,3 +226,12 @@ def test_one_trace_session_gives_the_traces_of_fresh_systems():
         session.close()
     assert shared == fresh
     assert shared[2].step_bytes > shared[1].step_bytes > 0 and shared[0].step_bytes > 0
+
+
+@pytest.mark.parametrize("bars", [2, 6000, 60_001])
+def test_a_synthetic_markets_bars_are_counted_without_making_them(bars):
+    from fitdqn.market.data import bars_from_config
+    from fitdqn.plan.build import PlanInputs
+
+    config = synthetic(**{"market.synthetic_bars": bars})
+    assert PlanInputs.from_config(config).num_bars == len(bars_from_config(config.market)) == bars

@@ -4,6 +4,7 @@ this GPU)."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 
 from fitdqn.cli.args import add_config_arguments
@@ -59,10 +60,17 @@ def device_from_args(args: argparse.Namespace, config: Config):
 
 
 def run(args: argparse.Namespace) -> int:
-    # the planner imports torch: imported when the command runs, so `fitdqn --help` stays fast
-    from fitdqn.learn.schedule import Schedule
+    gc.freeze()  # torch's ~10^6 objects (imported by now) are left out of every collection of this short command
+    try:
+        return _run(args)
+    finally:
+        gc.unfreeze()
+
+
+def _run(args: argparse.Namespace) -> int:
+    # the planner imports torch: imported when the command runs, so `fitdqn --help` stays fast; the tables (rich)
+    # and the chart (matplotlib) only when shown
     from fitdqn.plan.plan_cache import plan_for_device  # cached: a repeated plan is instant
-    from fitdqn.plan.report import plot_plan, print_plan
 
     config = config_for(args)
     if args.calibrate:
@@ -70,10 +78,15 @@ def run(args: argparse.Namespace) -> int:
     device = device_from_args(args, config)
     plan = plan_for_device(config, device)
     if args.plot:
+        from fitdqn.plan.report import plot_plan
+
         plot_plan(plan, args.plot)
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
     else:
+        from fitdqn.learn.schedule import Schedule
+        from fitdqn.plan.report import print_plan
+
         print_plan(plan, schedule=Schedule.from_config(for_device(config, device.kind), plan.batch_size))
         if args.plot:
             print(f"chart written to {args.plot}")

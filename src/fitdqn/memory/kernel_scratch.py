@@ -33,6 +33,7 @@ _REDUCTIONS = {
     torch.ops.aten.amin.default,
     torch.ops.aten.linalg_vector_norm.default,
 }
+MODELLED_OPS = frozenset(_REDUCTIONS)  # the ops whose scratch is modelled (the rest take none here)
 _MAX_THREADS = 512  # ReduceConfig's thread budget per block for 4-byte types, divided by output_vec_size
 _WARP = 32
 _MIN_VALUES_PER_THREAD = 16

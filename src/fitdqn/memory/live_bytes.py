@@ -105,6 +105,8 @@ class LiveBytes(TorchDispatchMode):
         self._logged: dict[int, AllocEvent] = {}  # storage key -> its logged 'alloc' (live, made while recording)
         self._finalizers: dict[int, weakref.finalize] = {}
         self._lock = threading.RLock()  # storages die on the autograd engine's threads too
+        # told of every change of the live bytes, in order, with the storages' raw sizes (``trace.Ledger``)
+        self.ledger = None
 
     # -- counting -------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -114,7 +116,11 @@ class LiveBytes(TorchDispatchMode):
             if isinstance(tensor, torch.Tensor) and tensor.device.type == self.device_type:
                 self._see(tensor, str(func))
         if self.scratch is not None:
-            self._transient(func, self.scratch(func, args, kwargs))
+            nbytes = self.scratch(func, args, kwargs)
+            if self.ledger is not None:
+                with self._lock:
+                    self.ledger.transient(func, args, kwargs, nbytes, self.owner_of)
+            self._transient(func, nbytes)
         return out
 
     def _transient(self, func, nbytes: int) -> None:
@@ -148,11 +154,15 @@ class LiveBytes(TorchDispatchMode):
                 # resized in place (resize_, out= ops): charge the difference to the same owner
                 self._release(key)
                 self._charge(key, LiveStorage(nbytes, known.group, op, known.shape, known.dtype, known.phase))
+                if self.ledger is not None:
+                    self.ledger.charged(key, storage.nbytes(), known.group, op, known)
                 self._log_alloc(key, nbytes)
                 return
             phase = "backward" if self.in_backward() else "forward"
             record = LiveStorage(nbytes, self.owner_of(), op, tuple(tensor.shape), tensor.dtype, phase)
             self._charge(key, record)
+            if self.ledger is not None:
+                self.ledger.charged(key, storage.nbytes(), record.group, op, None)
             self.allocations += 1
             self._log_alloc(key, nbytes)
             self._finalizers[key] = weakref.finalize(storage, self._free, key)
@@ -186,6 +196,8 @@ class LiveBytes(TorchDispatchMode):
     def _free(self, key: int) -> None:
         with self._lock:
             if key in self.live:
+                if self.ledger is not None:
+                    self.ledger.released(key, self.live[key])
                 self._release(key)
             self._finalizers.pop(key, None)
             logged = self._logged.pop(key, None)

@@ -39,7 +39,9 @@ under ``with device:`` so tensors made without a device land on it.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import itertools
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -51,11 +53,19 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fitdqn.memory.attribution import GroupOwner
 from fitdqn.memory.cuda_autocast import CudaAutocastOnCpu
-from fitdqn.memory.kernel_scratch import CudaShape, cuda_kernel_scratch
-from fitdqn.memory.live_bytes import AllocEvent, LiveBytes, LiveStorage, large_blocks
+from fitdqn.memory.kernel_scratch import MODELLED_OPS, CudaShape, cuda_kernel_scratch
+from fitdqn.memory.live_bytes import (
+    LARGE_BLOCK_BYTES,
+    AllocEvent,
+    LiveBytes,
+    LiveStorage,
+    large_blocks,
+    round_block,
+)
 
 
 class StepSetup(NamedTuple):
@@ -90,6 +100,9 @@ class StepTrace:
     # the traced step's allocator requests in order (``record_events=True`` only; else empty): what a CUDA
     # graph capturing the step would ask of its private pool (``allocator_model.graph_pool_bytes``)
     events: list[AllocEvent] = field(repr=False, default_factory=list)
+    # every change of the live bytes during the traced step (``ledger=True`` only; else None): what
+    # ``TraceFit`` derives the step at other batches from
+    ledger: Ledger | None = field(repr=False, default=None)
 
     @property
     def step_bytes(self) -> int:
@@ -186,18 +199,21 @@ class TraceSession:
         self._steps: SessionSteps | None = None
         self._warm: set[str] = set()
 
-    def trace(self, name: str, batch_size: int, record_events: bool = False) -> StepTrace:
-        """The step ``name`` traced at ``batch_size`` (the first call builds the system)."""
+    def trace(self, name: str, batch_size: int, record_events: bool = False, ledger: bool = False,
+              warm_up: bool = True) -> StepTrace:
+        """The step ``name`` traced at ``batch_size`` (the first call builds the system); with ``ledger`` it keeps
+        every change of the live bytes (``StepTrace.ledger``, for ``TraceFit``). ``warm_up=False``: the step's
+        first trace runs no warm-up step (the caller checks that nothing it made persists)."""
         with self._modes():
             if self._steps is None:
                 self._steps = self.make_session(self.traced)
             setup = _as_setup(self._steps(name, batch_size))
             self.owner.attach(setup.groups)
             self.owner.attach_calls(setup.calls)
-            warmup = 0 if name in self._warm else self.warmup_steps
+            warmup = 0 if name in self._warm or not warm_up else self.warmup_steps
             self._warm.add(name)
             return _measured_step(setup, batch_size, self.target, self.traced, self.note, warmup, self.tracker,
-                                  record_events)
+                                  record_events, ledger)
 
     def close(self) -> None:
         """Stop listening for the fake storages' deaths (they may outlive the tracker)."""
@@ -206,10 +222,11 @@ class TraceSession:
     @contextmanager
     def _modes(self) -> Iterator[None]:
         # what lives before the trace is no garbage of the step: frozen, the collections after each step
-        # (``_run``) scan only what the trace made (a full collection of a process holding torch costs ~0.4 s)
-        freeze = gc.get_freeze_count() == 0  # a process that froze objects itself keeps them frozen, as it chose
-        if freeze:
-            gc.freeze()
+        # (``_run``) scan only what the trace made (a full collection of a process holding torch costs ~0.4 s).
+        # A caller that froze objects itself (``fitdqn plan`` does) gets these frozen with its own, and unfreezes
+        # them all when it unfreezes its own.
+        freeze = gc.get_freeze_count() == 0
+        gc.freeze()
         emulate = CudaAutocastOnCpu() if self.target.type == "cuda" and self.traced.type == "cpu" else nullcontext()
         try:
             with (self.fake_mode, self.traced, emulate, warnings.catch_warnings(), self.owner.active(),
@@ -245,7 +262,7 @@ def traced_step(make_step: MakeStep, batch_size: int, target: torch.device, trac
 
 
 def _measured_step(setup: StepSetup, batch_size: int, target: torch.device, traced: torch.device, note: str,
-                   warmup_steps: int, tracker: LiveBytes, record_events: bool) -> StepTrace:
+                   warmup_steps: int, tracker: LiveBytes, record_events: bool, ledger: bool = False) -> StepTrace:
     """Warm up, charge parameters to their groups, take the baseline, reset the peak, one step."""
     for _ in range(warmup_steps):
         _run(setup.step)
@@ -256,7 +273,11 @@ def _measured_step(setup: StepSetup, batch_size: int, target: torch.device, trac
     allocations = tracker.allocations
     if record_events:
         tracker.start_events()
-    _run(setup.step)
+    tracker.ledger = Ledger(tracker.scratch) if ledger else None
+    try:
+        _run(setup.step)
+    finally:
+        kept, tracker.ledger = tracker.ledger, None
     events = tracker.stop_events() if record_events else []
     if traced.type == "cuda":
         torch.cuda.synchronize(traced)  # host sync: frees on the autograd threads are done
@@ -275,6 +296,7 @@ def _measured_step(setup: StepSetup, batch_size: int, target: torch.device, trac
         peak_storages=tracker.peak_storages,
         note=note,
         events=events,
+        ledger=kept,
     )
 
 
@@ -430,6 +452,227 @@ def measure_step_memory(
         _run(setup.step)
         torch.cuda.synchronize(device)  # host sync: read the peak after the step
         return torch.cuda.max_memory_allocated(device) - before
+
+
+# -- the step at other batches, from two traces ---------------------------------------------------------------
+CHARGE, FREE, SCRATCH = "charge", "free", "scratch"  # the kinds of a ledger's entries
+
+
+class LedgerEntry(NamedTuple):
+    """One change of a traced step's live bytes (``Ledger``)."""
+
+    kind: str  # CHARGE: a storage appears or is resized; FREE: one dies; SCRATCH: a kernel's transient scratch
+    nbytes: int  # CHARGE: the storage's raw bytes (before ``round_block``); FREE of a storage made before the
+    # ledger: its charged bytes (else 0: the entry it frees says); SCRATCH: the modelled scratch
+    group: str
+    op: str  # the op that made the storage or took the scratch ('' for a FREE)
+    ref: int  # CHARGE of a resize, FREE: the entry that charged the storage (-1: it was made before the ledger)
+    before: int  # CHARGE resizing a storage made before the ledger: its charged bytes then (else 0)
+    resize: bool  # CHARGE: the storage existed (resized in place) rather than appeared
+    inputs: tuple | None = None  # SCRATCH: (func, pytree spec, leaves) of the op's inputs, tensors by shape
+
+
+class TensorShape(NamedTuple):
+    """A tensor input of a SCRATCH entry, by what the scratch model reads of it."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    contiguous: bool
+
+
+class Ledger:
+    """Told by ``LiveBytes`` of every change of its live bytes during one traced step, in order, with each
+    storage's raw size and, for the ops whose kernel scratch is modelled, the shapes of their inputs: all that
+    the tracker's peak, its per-group split and its allocator events are computed from (``TraceFit``)."""
+
+    def __init__(self, scratch: Callable[..., int] | None) -> None:
+        self.scratch = scratch  # the tracker's scratch model (None: none)
+        self.entries: list[LedgerEntry] = []
+        self._charges: dict[int, int] = {}  # storage key -> the entry that charged it
+
+    def charged(self, key: int, nbytes: int, group: str, op: str, replaced: LiveStorage | None) -> None:
+        ref = self._charges.get(key, -1) if replaced is not None else -1
+        before = replaced.nbytes if replaced is not None and ref < 0 else 0
+        self._charges[key] = len(self.entries)
+        self.entries.append(LedgerEntry(CHARGE, nbytes, group, op, ref, before, replaced is not None))
+
+    def released(self, key: int, record: LiveStorage) -> None:
+        ref = self._charges.pop(key, -1)
+        self.entries.append(LedgerEntry(FREE, record.nbytes if ref < 0 else 0, record.group, "", ref, 0, False))
+
+    def transient(self, func, args, kwargs, nbytes: int, owner_of: Callable[[], str]) -> None:
+        if func not in MODELLED_OPS:
+            return  # no scratch at any batch
+        leaves, spec = tree_flatten((args, kwargs))
+        shapes = tuple(TensorShape(tuple(leaf.shape), leaf.dtype, leaf.is_contiguous())
+                       if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves)
+        self.entries.append(LedgerEntry(SCRATCH, nbytes, owner_of(), str(func), -1, 0, False, (func, spec, shapes)))
+
+
+Line = tuple[int, int]  # (a, b): a + b x batch
+
+
+def _line(first: int, second: int, batches: tuple[int, int]) -> Line | None:
+    """The integer line through ``(batches[0], first)`` and ``(batches[1], second)``, None if there is none."""
+    slope, remainder = divmod(second - first, batches[1] - batches[0])
+    return None if remainder else (first - slope * batches[0], slope)
+
+
+@dataclass(frozen=True)
+class TraceFit:
+    """A traced step at any batch without tracing it: every entry of its ``Ledger`` (sizes, and the input shapes
+    of the ops with modelled scratch) as an integer line in the batch, fitted through two traces of the same
+    step (``fit_traces``). ``at(batch)`` replays the entries as ``LiveBytes`` counts them: the live peak, its
+    split by group, the allocator events; each equals the real trace's wherever every size is affine in the
+    batch (the scratch is recomputed by the tracker's own model from the fitted shapes). Two traces refuse a
+    step whose changes differ between them or a size with no whole bytes per sample between them; a size that
+    is not affine but has whole bytes per sample through both points cannot be told from two traces, so a step
+    planned this way is checked against real traces at other batches (``tests/plan/test_trace_fit.py``)."""
+
+    batches: tuple[int, int]
+    template: StepTrace  # the first trace: devices, baseline, note
+    entries: tuple[LedgerEntry, ...]
+    lines: tuple[tuple, ...]  # per entry: (nbytes line, before line[, per input leaf: None or its dims' lines])
+    scratch: Callable[..., int] | None
+    large_at_baseline: int = 0  # live blocks over 1 MiB before the step (the tracker counts them at its peak)
+
+    def at(self, batch_size: int) -> StepTrace | None:
+        """The step at ``batch_size``, None where a fitted size would be negative there (trace it instead)."""
+
+        def value(line: Line) -> int:
+            return line[0] + line[1] * batch_size
+
+        live = peak = scratch_at_peak = large = large_at_peak = allocations = 0
+        groups: dict[str, int] = {}
+        peak_groups: dict[str, int] = {}
+        peak_op = "(no allocation since the reset)"
+        sizes = [0] * len(self.entries)
+        logged: dict[int, int] = {}  # entry of a live storage -> the serial of its logged 'alloc'
+        events: list[AllocEvent] = []
+        serials = itertools.count()
+        for index, (entry, line) in enumerate(zip(self.entries, self.lines, strict=True)):
+            if entry.kind == CHARGE:
+                raw = value(line[0])
+                if raw < 0:
+                    return None
+                nbytes = round_block(raw)
+                if entry.resize:
+                    old = sizes[entry.ref] if entry.ref >= 0 else value(line[1])
+                    if nbytes == old:  # the tracker sees no change: the storage keeps its block
+                        sizes[index] = old
+                        if entry.ref in logged:
+                            logged[index] = logged.pop(entry.ref)
+                        continue
+                    live -= old
+                    groups[entry.group] -= old
+                    large -= old > LARGE_BLOCK_BYTES
+                else:
+                    allocations += 1
+                sizes[index] = nbytes
+                live += nbytes
+                groups[entry.group] = groups.get(entry.group, 0) + nbytes
+                large += nbytes > LARGE_BLOCK_BYTES
+                if live > peak:
+                    peak, peak_groups, peak_op, scratch_at_peak, large_at_peak = live, dict(groups), entry.op, 0, large
+                previous = logged.pop(entry.ref, None) if entry.resize and entry.ref >= 0 else None
+                if nbytes:
+                    logged[index] = next(serials)
+                    events.append(AllocEvent("alloc", logged[index], nbytes))
+                if previous is not None:
+                    events.append(AllocEvent("free", previous, sizes[entry.ref]))
+            elif entry.kind == FREE:
+                nbytes = sizes[entry.ref] if entry.ref >= 0 else value(line[0])
+                serial = logged.pop(entry.ref, None) if entry.ref >= 0 else None
+                if serial is not None:
+                    events.append(AllocEvent("free", serial, nbytes))
+                live -= nbytes
+                groups[entry.group] = groups.get(entry.group, 0) - nbytes
+                large -= nbytes > LARGE_BLOCK_BYTES
+            else:
+                nbytes = round_block(self._scratch_at(entry, line, batch_size))
+                if nbytes:
+                    serial = next(serials)
+                    events += [AllocEvent("alloc", serial, nbytes), AllocEvent("free", serial, nbytes)]
+                if nbytes and live + nbytes > peak:
+                    peak, peak_groups, scratch_at_peak = live + nbytes, dict(groups), nbytes
+                    peak_groups[entry.group] = peak_groups.get(entry.group, 0) + nbytes
+                    peak_op, large_at_peak = f"scratch of {entry.op}", large + (nbytes > LARGE_BLOCK_BYTES)
+        base = self.template.baseline_by_group
+        peak_by_group = {name: base.get(name, 0) + peak_groups.get(name, 0) for name in {*base, *peak_groups}}
+        template = self.template
+        return StepTrace(
+            batch_size=batch_size, target_device=template.target_device, traced_device=template.traced_device,
+            baseline_bytes=template.baseline_bytes, peak_bytes=template.baseline_bytes + peak,
+            baseline_by_group=dict(base), peak_by_group={name: n for name, n in peak_by_group.items() if n},
+            peak_op=peak_op, large_blocks_at_peak=self.large_at_baseline + large_at_peak,
+            scratch_at_peak=scratch_at_peak, allocations=allocations, note=template.note, events=events)
+
+    def _scratch_at(self, entry: LedgerEntry, line: tuple, batch_size: int) -> int:
+        if self.scratch is None:
+            return line[0][0] + line[0][1] * batch_size
+        func, spec, shapes = entry.inputs
+        leaves = []
+        for shape, dims in zip(shapes, line[2], strict=True):
+            if dims is None:
+                leaves.append(shape)
+                continue
+            size = [a + b * batch_size for a, b in dims]
+            if min(size, default=0) < 0:
+                return 0
+            tensor = torch.empty(size, dtype=shape.dtype, device="meta")
+            leaves.append(tensor if shape.contiguous or tensor.dim() < 2 else tensor.mT)
+        args, kwargs = tree_unflatten(leaves, spec)
+        return self.scratch(func, args, kwargs)
+
+
+def fit_traces(first: StepTrace, second: StepTrace) -> tuple[TraceFit | None, str]:
+    """The ``TraceFit`` through two traces of one step made with ``ledger=True``, or None and why not: the two
+    must make the same changes in the same order (kinds, groups, ops, which storage each frees or resizes) from
+    the same baseline, with integer lines through every size and scratch input shape."""
+    if first.ledger is None or second.ledger is None:
+        return None, "a trace kept no ledger"
+    if first.batch_size > second.batch_size:
+        first, second = second, first
+    batches = (first.batch_size, second.batch_size)
+    if batches[0] == batches[1]:
+        return None, f"both traces are at batch {batches[0]}"
+    if (first.baseline_bytes, first.baseline_by_group) != (second.baseline_bytes, second.baseline_by_group):
+        return None, f"the baselines at batch {batches[0]} and {batches[1]} differ"
+    ones, twos = first.ledger.entries, second.ledger.entries
+    if len(ones) != len(twos):
+        return None, f"the steps at batch {batches[0]} and {batches[1]} make {len(ones)} and {len(twos)} changes"
+    lines = []
+    for index, (one, two) in enumerate(zip(ones, twos, strict=True)):
+        where = f"change {index} ({one.kind} by {one.op or 'a free'})"
+        if (one.kind, one.group, one.op, one.ref, one.resize) != (two.kind, two.group, two.op, two.ref, two.resize):
+            return None, f"{where} differs between batch {batches[0]} and {batches[1]}"
+        line = (_line(one.nbytes, two.nbytes, batches), _line(one.before, two.before, batches))
+        recomputed = one.kind == SCRATCH and first.ledger.scratch is not None  # by the model, from its inputs
+        if (line[0] is None and not recomputed) or line[1] is None:
+            return None, f"{where}: its bytes are not affine in the batch"
+        if one.kind == SCRATCH:
+            (func, spec, shapes), (func2, spec2, shapes2) = one.inputs, two.inputs
+            if func != func2 or spec != spec2 or len(shapes) != len(shapes2):
+                return None, f"{where}: its inputs differ between batch {batches[0]} and {batches[1]}"
+            dims = []
+            for a, b in zip(shapes, shapes2, strict=True):
+                if not isinstance(a, TensorShape) or not isinstance(b, TensorShape):
+                    if a != b:
+                        return None, f"{where}: its inputs differ between batch {batches[0]} and {batches[1]}"
+                    dims.append(None)
+                    continue
+                fitted = tuple(_line(x, y, batches) for x, y in zip(a.shape, b.shape, strict=False))
+                if (a.dtype, a.contiguous, len(a.shape)) != (b.dtype, b.contiguous, len(b.shape)) or None in fitted:
+                    return None, f"{where}: its input shapes are not affine in the batch"
+                dims.append(fitted)
+            line = (*line, tuple(dims))
+        lines.append(line)
+    fit = TraceFit(batches, first, tuple(ones), tuple(lines), first.ledger.scratch)
+    again = fit.at(first.batch_size)
+    if again is None:
+        return None, f"a size fitted through batch {batches[0]} and {batches[1]} is negative at {batches[0]}"
+    large = first.large_blocks_at_peak - again.large_blocks_at_peak
+    return dataclasses.replace(fit, large_at_baseline=large), ""
 
 
 def describe(trace: StepTrace, top: int = 8) -> str:

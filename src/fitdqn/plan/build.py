@@ -15,7 +15,9 @@
   components above already budget, at ``GRAPH_POOL_BATCHES``.
 
 The training step traced is the one the trainer captures: ``replay.sample -> Learner.update ->
-replay.update_priorities``, on fake tensors (``fitdqn.memory.trace``), at two batch sizes.
+replay.update_priorities``, on fake tensors (``fitdqn.memory.trace``), at two batch sizes; the update at any
+other batch is derived from those two (``fit_update``, ``memory.trace.TraceFit``), exact where every size is affine
+in the batch.
 """
 
 from __future__ import annotations
@@ -48,7 +50,15 @@ from fitdqn.memory.component import Component, ComponentName, tensor_bytes
 from fitdqn.memory.distributed import distributed_components
 from fitdqn.memory.kernel_scratch import CudaShape
 from fitdqn.memory.overhead import cuda_driver_component, cuda_overhead_component, profile_driver_source
-from fitdqn.memory.trace import StepSetup, StepTrace, TraceSession, fake_device_for, line_above
+from fitdqn.memory.trace import (
+    StepSetup,
+    StepTrace,
+    TraceFit,
+    TraceSession,
+    fake_device_for,
+    fit_traces,
+    line_above,
+)
 from fitdqn.nets.groups import MEMORY_GROUPS, parameter_groups
 from fitdqn.plan.planner import InfeasiblePlan, Plan, make_plan
 from fitdqn.plan.replay_share import ReplayTooSmall, replay_component
@@ -69,6 +79,7 @@ if TYPE_CHECKING:
 # The system, the learner and the data pipeline are imported where a trace, a network count or a bar count is
 # made, not above: a plan whose traces are all in the cache needs none of them (lazy by design: seconds of imports).
 
+SYNTHETIC = "synthetic"  # market.data of the generated market
 TRACE_BATCHES = (512, 1024)
 # The graph pool's fragmentation is not linear below a few thousand samples (at 512-1024 many per-sample
 # tensors are still small-pool requests): fitted at 512 and 1024 the learner's pool beyond its live peak is
@@ -94,6 +105,8 @@ class PlanInputs:
     def from_config(cls, config: Config) -> PlanInputs:
         """Without loading the data: a synthetic market's size is its configured bar count; a file or a
         built-in dataset is read (on the CPU) to count its bars."""
+        if config.market.data == SYNTHETIC:  # synthetic_bars makes exactly that many (tests/plan/test_build.py)
+            return cls(config.market.synthetic_bars, market_bytes(config.market.synthetic_bars))
         cache = TraceCache(cache_folder(config.budget.trace_cache_dir))  # counting a dataset's bars costs seconds
         key = trace_key(what="bars", market=config_to_dict(config)["market"],
                         data=data_provenance(config.market.data))
@@ -286,12 +299,42 @@ class Tracer:
         digest = key_digest(self.key("session", 0, capacity=capacity))
         if digest not in _SESSIONS:
             _SESSIONS[digest] = session()
+        if name != UPDATE:  # the collector: warm already (``stand_in_system`` ran its steps to fill the replay)
+            return _SESSIONS[digest].trace(name, batch, record_events, warm_up=False)
+        if digest not in _FITS:  # the first update asked of this system: traced with twice its batch, and fitted
+            _FITS[digest], first, failed = fit_update(_SESSIONS[digest], batch)
+            if failed:
+                _NOTES.append(f"the update traced at every batch (not derived from two traces: {failed})")
+            return first
+        fit = _FITS[digest]
+        derived = fit.at(batch) if fit is not None else None
+        if derived is not None:
+            return derived
+        if fit is not None:
+            _NOTES.append(f"the update at batch {batch} traced: a size fitted through batch {fit.batches[0]} and "
+                          f"{fit.batches[1]} is negative there")
         return _SESSIONS[digest].trace(name, batch, record_events)
+
+
+def fit_update(session: TraceSession, batch: int) -> tuple[TraceFit | None, StepTrace, str]:
+    """The update of ``session``'s system traced at ``batch`` and ``2 x batch`` and fitted (``fit_traces``): the
+    fit (None if the two differ, and why), and the update at ``batch``. The first trace runs no warm-up step: where
+    the fit holds, its step made the same changes from the same baseline as the warm one after it, so nothing it
+    made persists; where it does not, ``batch`` is traced again, warm, and fitted again."""
+    first = session.trace(UPDATE, batch, True, ledger=True, warm_up=False)
+    second = session.trace(UPDATE, 2 * batch, True, ledger=True)
+    fit, failed = fit_traces(first, second)
+    if fit is None:  # its first step may have made what persists between steps (optimizer state): again, warm
+        first = session.trace(UPDATE, batch, True, ledger=True)
+        fit, failed = fit_traces(first, second)
+    return fit, first, failed
 
 
 _SUMMARIES: dict[str, TraceSummary] = {}  # this process's traces by key digest: a plan asks for one several times
 _NETWORKS: dict[str, dict[str, int]] = {}  # network_fixed_bytes by traced config digest
 _SESSIONS: dict[str, TraceSession] | None = None  # the open sessions of the plan being made (``traced_sessions``)
+_FITS: dict[str, TraceFit | None] = {}  # the update's fit per open session (None: none holds; ``fit_update``)
+_NOTES: list[str] = []  # what the plan being made says of its traces (``traced_sessions``)
 
 
 @contextlib.contextmanager
@@ -307,6 +350,7 @@ def traced_sessions() -> Iterator[None]:
         yield
     finally:
         sessions, _SESSIONS = _SESSIONS, None
+        _FITS.clear()
         for session in sessions.values():
             session.close()
 
@@ -471,10 +515,14 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
     step's live peak grows more slowly than its slope there (the staging buffers of reductions over the batch
     stop growing once they fill the GPU's SMs), its peak moves between phases, and the graph pool's slack is
     not linear in the batch. So a batch beyond ``GRAPH_POOL_BATCHES`` is planned with the step's components in
-    proportion to one trace at that batch: a profile or user batch is checked there; an auto batch is searched
-    (``refine_auto_batch``)."""
+    proportion to the step at that batch: a profile or user batch is checked there; an auto batch is searched
+    (``refine_auto_batch``). The update is traced at two batches and derived at every other (``fit_update``)."""
     with traced_sessions():  # one stand-in system per traced capacity, built once for every trace below
-        return _plan_for_device(config, device, inputs)
+        start = len(_NOTES)
+        plan = _plan_for_device(config, device, inputs)
+        notes = tuple(dict.fromkeys(_NOTES[start:]))
+        del _NOTES[start:]
+        return dataclasses.replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 
 
 def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None) -> Plan:
@@ -617,6 +665,6 @@ def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, pr
             *plan.notes, f"auto batch {batch}: not checked by a trace (no traced batch fitted in "
                          f"{AUTO_REFINE_ROUNDS} rounds)"))
     batch, candidate = fitted
-    note = (f"auto batch {batch}: the step traced at {batch} samples fits "
+    note = (f"auto batch {batch}: the step at {batch} samples (traced, or derived from two traces) fits "
             f"(the lines fitted at {max(lines_at)} samples gave {plan.batch_size})")
     return dataclasses.replace(candidate, batch_size=batch, notes=(*candidate.notes, note))
