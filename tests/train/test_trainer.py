@@ -127,7 +127,7 @@ def test_batch_size_moves_updates_not_samples(small_config, tmp_path):
                             trainer_hook=lambda t, b=batch: setattr(t, "_seen", b))
     assert runs[32]["samples"] == runs[128]["samples"] == 2 * 2 * 256
     assert runs[32]["updates"] == 4 * runs[128]["updates"] == 32
-    assert runs[32]["schedule"]["lr"] == pytest.approx(runs[128]["schedule"]["lr"] / 2)  # sqrt rule
+    assert runs[32]["schedule"]["lr"] == pytest.approx(runs[128]["schedule"]["lr"] / 4)  # the linear rule
 
 
 def test_a_batch_larger_than_the_replay_holds_learns_from_the_first_epoch(small_config, tmp_path):

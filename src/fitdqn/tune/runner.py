@@ -33,6 +33,7 @@ from rich.console import Console
 import fitdqn
 from fitdqn.config import Config, config_to_dict
 from fitdqn.device.sizes import format_bytes
+from fitdqn.device.threads import cpu_threads
 from fitdqn.errors import UserError
 from fitdqn.market.loader import load_market
 from fitdqn.train.checkpoint import atomic_write_text
@@ -75,14 +76,6 @@ class Worker:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-def thread_budget() -> int:
-    """Threads all trials may use together: OMP_NUM_THREADS if set, else the cores this process may run on."""
-    value = os.environ.get("OMP_NUM_THREADS", "")
-    if value.isdigit() and int(value) > 0:
-        return int(value)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def threads_per_trial(budget: int, parallel: int) -> int:
     return max(1, budget // parallel)
 
@@ -110,7 +103,7 @@ def probe_in_subprocess(device_spec: str) -> dict[str, Any]:
 
 def plan_resources(config: Config) -> Resources:
     parallel = config.tune.parallel
-    budget = thread_budget()
+    budget = cpu_threads(config.train.threads)  # all trials together: train.threads, OMP_NUM_THREADS or the cores
     threads = threads_per_trial(budget, parallel)
     text = f"{parallel} trial(s) at once, {threads} thread(s) each (of {budget})"
     if parallel == 1 or config.train.device == "cpu":
