@@ -10,6 +10,12 @@ observation does not depend on the rest of the batch (rules; a network up to flo
 matmul, which can flip a near-tie). A random policy draws different numbers at a different batch size.
 ``evaluate.segments`` caps K (memory: K observations and one forward at batch K per step); K = 1 is the plain
 sequential pass. The per-step records stay on the device until one host sync at the end.
+
+Rules (:class:`BarRule`, their actions per bar decided in advance) are batched further:
+:func:`run_rule_backtests` steps P rules' K segments each as the P x K envs of one env, every env's action
+looked up in the stacked ``[P, T, 3]`` action table at (its rule, its bar), and splits the records back into
+one Backtest per rule, equal bit for bit to the rule's own :func:`run_backtest` (the step is elementwise per
+env). :func:`evaluate_rules` keeps a pass within ``evaluate.segments`` envs (``segments // K`` rules a pass).
 """
 
 from __future__ import annotations
