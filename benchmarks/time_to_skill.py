@@ -120,11 +120,54 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threshold", type=float, default=1.0, help="test Sharpe that counts as skill")
     parser.add_argument("--keep", default="", help="keep the run directories under this folder (default: none)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
+    parser.add_argument("--plot", default="", metavar="PNG", help="the learning curves: the chosen network's test "
+                        "Sharpe against seconds, one line a run")
+    parser.add_argument("--from", dest="from_files", nargs="+", default=[], metavar="JSON",
+                        help="no training: read these results files (e.g. seeds run side by side) and write their "
+                             "runs together to --out (and --plot)")
     return parser.parse_args(argv)
+
+
+def plot_curves(result: dict, path: str) -> None:
+    """Each run's chosen network's test Sharpe (a step at each new choice) against seconds since the train() call,
+    beside the threshold and the test split's buy-and-hold and random."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in result["runs"]:
+        points = [p for p in run["curve"] if p["chosen_test_sharpe"] is not None]
+        ax.step([p["seconds"] for p in points], [p["chosen_test_sharpe"] for p in points], where="post",
+                marker="o", markersize=3, label=f"seed {run['seed']} (batch {run['batch_size']})")
+    first = result["runs"][0]
+    ax.axhline(result["threshold"], color="grey", linestyle=":", label=f"threshold {result['threshold']:g}")
+    ax.axhline(first["buy_and_hold_test_sharpe"], color="black", linestyle="--", label="buy-and-hold")
+    ax.axhline(first["random_test_sharpe"], color="tab:red", linestyle="--", label="random")
+    ax.set_xlabel("seconds since the train() call")
+    ax.set_ylabel("test Sharpe of the network validation chose")
+    ax.set_title(f"time to skill, default config, {result['device']} (commit {result['commit']})", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_files:
+        results = [json.loads(Path(f).read_text()) for f in args.from_files]
+        merged = {**results[0], "runs": [run for r in results for run in r["runs"]]}
+        reached = [r["time_to_skill_s"] for r in merged["runs"] if r["time_to_skill_s"] is not None]
+        merged["reached"] = f"{len(reached)} of {len(merged['runs'])}"
+        merged["median_time_to_skill_s"] = statistics.median(reached) if reached else None
+        Path(args.out).write_text(json.dumps(merged, indent=2))
+        if args.plot:
+            plot_curves(merged, args.plot)
+        print(f"{len(merged['runs'])} runs; reached in {merged['reached']}; median {merged['median_time_to_skill_s']}"
+              f" s; wrote {args.out}")
+        return 0
     overrides = dict(item.split("=", 1) for item in args.set)
     keep = Path(args.keep) if args.keep else None
     runs = []
@@ -148,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.plot:
+        plot_curves(result, args.plot)
     print(f"reached in {result['reached']} runs; median {result['median_time_to_skill_s']} s; wrote {args.out}")
     return 0
 

@@ -63,6 +63,24 @@ def test_the_optimizer_steps_with_the_scheduled_rate_and_a_load_keeps_the_rate_t
     assert (before - weight.detach()).abs().max().item() == pytest.approx(5e-4, rel=1e-3)
 
 
+def test_the_rate_tensor_steps_like_a_python_float_rate_on_the_cpu():
+    torch.manual_seed(0)
+    learner = Learner(small_config(lr=1e-3, lr_decay="none"), STATE_DIM, "cpu")
+    learner.set_batch_size(256)
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in learner.params]
+    reference = torch.optim.Adam(copies, lr=scaled_lr(learner.learn_config, 256),
+                                 eps=learner.learn_config.adam_eps, fused=True)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for p, q in zip(learner.params, copies, strict=True):
+            p.grad = torch.randn(p.shape, generator=generator)
+            q.grad = p.grad.clone()
+        learner.optimizer.step()
+        reference.step()
+    for p, q in zip(learner.params, copies, strict=True):
+        assert torch.equal(p.detach(), q.detach())  # bit for bit: the run's results do not move with the tensor
+
+
 def test_soft_target_keeps_its_time_constant_in_samples():
     """The online net's share in the target after S samples is 1 - (1 - tau)^(S / base_batch) at every batch."""
     cfg = learn(target_tau=0.005, base_batch=256)

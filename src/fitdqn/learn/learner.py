@@ -80,8 +80,10 @@ class Learner:
         self.target_params = list(self.target.parameters())
         self.autocast_dtype = autocast_dtype(self.learn_config.precision, self.device)
         cuda = self.device.type == "cuda"
-        # a tensor, so a captured update reads the rate the schedule sets between replays (set_lr_progress)
-        self.lr = torch.tensor(self.learn_config.lr, dtype=torch.float32, device=self.device)  # []
+        # a tensor, so a captured update reads the rate the schedule sets between replays (set_lr_progress);
+        # float64 on the CPU, where the fused Adam then steps bit for bit as with a Python float rate
+        lr_dtype = torch.float32 if cuda else torch.float64
+        self.lr = torch.tensor(self.learn_config.lr, dtype=lr_dtype, device=self.device)  # []
         self.lr_progress = 0.0
         self.optimizer = torch.optim.Adam(
             self.params, lr=self.lr, eps=self.learn_config.adam_eps, capturable=cuda, fused=True
