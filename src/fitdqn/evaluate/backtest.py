@@ -10,6 +10,12 @@ observation does not depend on the rest of the batch (rules; a network up to flo
 matmul, which can flip a near-tie). A random policy draws different numbers at a different batch size.
 ``evaluate.segments`` caps K (memory: K observations and one forward at batch K per step); K = 1 is the plain
 sequential pass. The per-step records stay on the device until one host sync at the end.
+
+Rules (:class:`BarRule`, their actions per bar decided in advance) are batched further:
+:func:`run_rule_backtests` steps P rules' K segments each as the P x K envs of one env, every env's action
+looked up in the stacked ``[P, T, 3]`` action table at (its rule, its bar), and splits the records back into
+one Backtest per rule, equal bit for bit to the rule's own :func:`run_backtest` (the step is elementwise per
+env). :func:`evaluate_rules` keeps a pass within ``evaluate.segments`` envs (``segments // K`` rules a pass).
 """
 
 from __future__ import annotations
@@ -168,10 +174,18 @@ def run_backtest(
     flat = (step_of % per) * K + step_of // per
     # host sync: the backtest's results
     host = {k: v.reshape(-1)[flat].double().cpu().numpy() for k, v in record.items()}
-    target_np = target.reshape(-1)[flat].double().cpu().numpy()
-    exits_np = exits.reshape(-1)[flat].cpu().numpy()
-    bars_np = bars.reshape(-1)[flat].cpu().numpy()
-    prices = env.prices.double().cpu().numpy()
+    host["target"] = target.reshape(-1)[flat].double().cpu().numpy()
+    host["exit"] = exits.reshape(-1)[flat].cpu().numpy()
+    host["bar"] = bars.reshape(-1)[flat].cpu().numpy()
+    return _assemble(env, host, env.prices.double().cpu().numpy(), split=split, timestamps=timestamps, segments=K)
+
+
+def _assemble(env: FuturesEnv, host: dict[str, np.ndarray], prices: np.ndarray, *, split: str,
+              timestamps: np.ndarray | None, segments: int) -> Backtest:
+    """A Backtest from one policy's stitched per-step records on the host (``[steps]`` each: pnl, cost, reward,
+    position, traded, target, exit, bar) and the env's ``prices [T, 4]`` as float64."""
+    bars_np = host["bar"]
+    steps = bars_np.shape[0]
     fill_bars = bars_np + 1
     c = env.contract
     hold = env.max_contracts
@@ -187,10 +201,93 @@ def run_backtest(
     pnl = host["pnl"]
     return Backtest(
         split=split, contract=c, decision_bar=bars_np, timestamp=stamps, pnl=pnl, cost=host["cost"],
-        reward=host["reward"], target=target_np, position=host["position"], traded=host["traded"],
-        exit=exits_np, equity=np.concatenate([[0.0], np.cumsum(pnl)]), buy_and_hold=buy_and_hold,
-        hold_contracts=hold, segments=K,
+        reward=host["reward"], target=host["target"], position=host["position"], traded=host["traded"],
+        exit=host["exit"], equity=np.concatenate([[0.0], np.cumsum(pnl)]), buy_and_hold=buy_and_hold,
+        hold_contracts=hold, segments=segments,
     )
+
+
+def run_rule_backtests(
+    env: FuturesEnv,
+    rules: Sequence[BarRule],
+    *,
+    split: str,
+    timestamps: np.ndarray | None,
+    progress: Progress_ = None,
+) -> list[Backtest]:
+    """Backtest P ``rules`` in ONE pass of a sequential env of P x K envs: env ``p * K + k`` is rule p's
+    segment k, started where :func:`run_backtest` on a K-env env starts it, its action looked up in the
+    stacked ``[P, T, 3]`` action table at (rule p, its bar). Every step is elementwise per env, so each
+    returned Backtest (in ``rules`` order) equals rule p's lone :func:`run_backtest` bit for bit. One host
+    sync, at the end. Build the env with ``num_envs = P x K`` (:func:`segment_layout`'s K)."""
+    if not env.sequential:
+        raise ValueError("run_rule_backtests needs a sequential env (FuturesEnv(..., sequential=True))")
+    P = len(rules)
+    steps = env.last_bar - env.first_bar
+    if P < 1 or env.num_envs % P:
+        raise ValueError(f"an env of {env.num_envs} envs for {P} rules: build it with P x K envs")
+    K, per = segment_layout(steps, env.episode_length, env.num_envs // P)
+    if K * P != env.num_envs:
+        raise ValueError(f"an env of {env.num_envs} envs for {P} rules of {K} segments: build it with "
+                         "P x segment_layout() envs")
+    E = P * K
+    table = torch.stack([r.actions.to(env.device) for r in rules])  # [P, T, 3] int64
+    rule_of = torch.arange(P, device=env.device).repeat_interleave(K)  # [E] the rule of each env
+    env.reset()
+    offsets = torch.arange(K, device=env.device) * per  # [K] first step of each segment
+    env.bar.copy_(env.first_bar + offsets.repeat(P))  # [E] each rule's segments start as in a lone pass
+    dtype = env.prices.dtype
+    names = ("pnl", "cost", "reward", "position", "traded")
+    record = {k: torch.empty((per, E), dtype=dtype, device=env.device) for k in names}  # [S, E] each
+    target = torch.empty((per, E), dtype=dtype, device=env.device)
+    exits = torch.empty((per, E), dtype=torch.uint8, device=env.device)
+    bars = torch.empty((per, E), dtype=torch.int64, device=env.device)
+    bar_progress, task, own = _progress(progress, per, f"rules {split}")
+    try:
+        for k in range(per):
+            action = table[rule_of, env.bar]  # [E, 3]
+            out = env.step(action)
+            for name in names:
+                record[name][k] = out[name]
+            target[k] = env.position_levels[action[:, 0]]
+            exits[k] = out["exit"]
+            bars[k] = out["bar"]
+            if bar_progress is not None:
+                bar_progress.advance(task)
+    finally:
+        if own:
+            bar_progress.stop()
+        elif bar_progress is not None:
+            bar_progress.remove_task(task)
+    # stitch per rule: [P, steps] flat indices into [S, E] (rule p's segment k is column p * K + k)
+    step_of = torch.arange(steps, device=env.device)
+    flat = ((step_of % per) * E + step_of // per)[None, :] + (torch.arange(P, device=env.device) * K)[:, None]
+    # host sync: every rule's results
+    host = {k: v.reshape(-1)[flat].double().cpu().numpy() for k, v in record.items()}  # [P, steps] each
+    host["target"] = target.reshape(-1)[flat].double().cpu().numpy()
+    host["exit"] = exits.reshape(-1)[flat].cpu().numpy()
+    host["bar"] = bars.reshape(-1)[flat].cpu().numpy()
+    prices = env.prices.double().cpu().numpy()
+    return [_assemble(env, {k: v[p] for k, v in host.items()}, prices, split=split, timestamps=timestamps,
+                      segments=K) for p in range(P)]
+
+
+def _split_env(market: Market, split: str, num_envs: int, *, window: int, episode_length: int, max_contracts: int,
+               reward_scale: float, reward: str, branches: Sequence[int], goal: float | None) -> FuturesEnv:
+    """A sequential env of ``num_envs`` envs over ``split``, its goal fixed (None: the middle of the training
+    goal range)."""
+    env = FuturesEnv.from_market(market, split, num_envs=num_envs, window=window, episode_length=episode_length,
+                                 max_contracts=max_contracts, reward_scale=reward_scale, reward=reward,
+                                 branches=branches, sequential=True,
+                                 seed=0)  # a sequential env draws no start bars; the goal is set below
+    g = 0.5 * (env.goal_range[0] + env.goal_range[1]) if goal is None else float(goal)
+    env.goal_range = (g, g)
+    return env
+
+
+def _split_steps(market: Market, split: str, window: int) -> int:
+    s = market.split(split)
+    return s.stop - 1 - market.first_bar(s, window)
 
 
 def evaluate_policy(
@@ -211,17 +308,46 @@ def evaluate_policy(
     """Backtest ``policy`` over a whole split of ``market`` from its first valid bar to its end, in at most
     ``segments`` parallel segments. ``goal`` is the target shown in the state (None: the middle of the
     training goal range)."""
-    options = dict(window=window, episode_length=episode_length, max_contracts=max_contracts,
-                   reward_scale=reward_scale, reward=reward, branches=branches, sequential=True,
-                   seed=0)  # a sequential env draws no start bars; the goal is set below
-    s = market.split(split)
-    steps = s.stop - 1 - market.first_bar(s, window)
-    count, _ = segment_layout(steps, episode_length, segments)
-    env = FuturesEnv.from_market(market, split, num_envs=count, **options)
-    g = 0.5 * (env.goal_range[0] + env.goal_range[1]) if goal is None else float(goal)
-    env.goal_range = (g, g)
+    count, _ = segment_layout(_split_steps(market, split, window), episode_length, segments)
+    env = _split_env(market, split, count, window=window, episode_length=episode_length,
+                     max_contracts=max_contracts, reward_scale=reward_scale, reward=reward, branches=branches,
+                     goal=goal)
     stamps = market.bars["timestamp"].to_numpy()
-    return run_backtest(env, policy, split=s.name, timestamps=stamps, progress=progress)
+    return run_backtest(env, policy, split=market.split(split).name, timestamps=stamps, progress=progress)
+
+
+def evaluate_rules(
+    rules: Sequence[BarRule],
+    market: Market,
+    split: str,
+    *,
+    window: int,
+    episode_length: int,
+    max_contracts: int,
+    reward_scale: float,
+    reward: str,
+    branches: Sequence[int],
+    segments: int,
+    goal: float | None = None,
+    progress: Progress_ = None,
+) -> list[Backtest]:
+    """:func:`evaluate_policy` for every rule of ``rules`` (in order), the rules batched into passes of
+    :func:`run_rule_backtests`: each rule keeps the K segments of its lone backtest, and a pass steps at
+    most ``segments`` envs (``segments // K`` rules; the env state is a few floats per env)."""
+    if not rules:
+        return []
+    count, _ = segment_layout(_split_steps(market, split, window), episode_length, segments)
+    per_pass = max(1, segments // count)  # rules per pass
+    stamps = market.bars["timestamp"].to_numpy()
+    name = market.split(split).name
+    out: list[Backtest] = []
+    for first in range(0, len(rules), per_pass):
+        chunk = list(rules[first:first + per_pass])
+        env = _split_env(market, split, len(chunk) * count, window=window, episode_length=episode_length,
+                         max_contracts=max_contracts, reward_scale=reward_scale, reward=reward, branches=branches,
+                         goal=goal)
+        out += run_rule_backtests(env, chunk, split=name, timestamps=stamps, progress=progress)
+    return out
 
 
 def evaluate_config(
@@ -242,6 +368,26 @@ def evaluate_config(
     m = config.market
     return evaluate_policy(
         policy, market, split, window=config.net.window, episode_length=m.episode_length,
+        max_contracts=m.max_contracts, reward_scale=m.reward_scale, branches=config.net.branches,
+        segments=config.evaluate.segments, goal=goal, progress=progress, reward=m.reward,
+    )
+
+
+def evaluate_rules_config(
+    rules: Sequence[BarRule],
+    config,
+    split: str,
+    *,
+    market: Market,
+    goal: float | None = None,
+    progress: Progress_ = None,
+) -> list[Backtest]:
+    """:func:`evaluate_rules` with the sizes of a :class:`fitdqn.config.Config`, on a loaded ``market``."""
+    if config.market.reward_scale <= 0:  # the derived scale the agent was trained with
+        config, _ = resolve_reward(config, market)
+    m = config.market
+    return evaluate_rules(
+        rules, market, split, window=config.net.window, episode_length=m.episode_length,
         max_contracts=m.max_contracts, reward_scale=m.reward_scale, branches=config.net.branches,
         segments=config.evaluate.segments, goal=goal, progress=progress, reward=m.reward,
     )

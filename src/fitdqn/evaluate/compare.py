@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from fitdqn.config import Config
-from fitdqn.evaluate.backtest import Backtest, Progress_, evaluate_config
+from fitdqn.evaluate.backtest import Backtest, Progress_, evaluate_config, evaluate_rules_config
 from fitdqn.evaluate.baselines import (
     RULES,
     account_size,
@@ -89,8 +89,9 @@ def evaluate_split(learner: Learner, market: Market, config: Config, split: str,
     if baselines:
         pnl[BUY_AND_HOLD] = hold_pnl
         positions[BUY_AND_HOLD] = np.full_like(hold_pnl, float(agent.hold_contracts))
-        for name, rule in rule_policies(market, config, per_year).items():
-            backtest = evaluate_config(rule, config, split, market=market)
+        rules = rule_policies(market, config, per_year)
+        for name, backtest in zip(rules, evaluate_rules_config(list(rules.values()), config, split, market=market),
+                                  strict=True):  # the rules in one pass (each bit for bit its own backtest)
             pnl[name], positions[name] = backtest.pnl, backtest.position
     results["policies"] = list(pnl) + ([RANDOM] if baselines and config.train.eval_seeds > 0 else [])
     for name in pnl:
