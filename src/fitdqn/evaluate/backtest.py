@@ -134,28 +134,45 @@ def run_backtest(
     """Run ``policy`` over a sequential env from its first bar to the end of its range, its ``num_envs``
     envs stepping contiguous segments of whole episodes (module docstring). One host sync, at the end (plus
     whatever the policy does). ``progress``: a rich Progress to add a task to, or a Console for a bar."""
+    if isinstance(policy, BarRule):
+        def act() -> Tensor:
+            return policy(env.bar)
+    else:
+        def act() -> Tensor:
+            return torch.as_tensor(policy(env.observation()), device=env.device).reshape(env.num_envs, NUM_BRANCHES)
+    host, K = _run_segments(env, 1, act, label=f"backtest {split}", progress=progress)
+    return _assemble(env, {k: v[0] for k, v in host.items()}, env.prices.double().cpu().numpy(), split=split,
+                     timestamps=timestamps, segments=K)
+
+
+def _run_segments(env: FuturesEnv, groups: int, act: Callable[[], Tensor], *, label: str,
+                  progress: Progress_) -> tuple[dict[str, np.ndarray], int]:
+    """Step a sequential env of ``groups`` x K envs from its first bar to the end of its range: env ``g * K + k``
+    is group g's segment k (each group's segments start where a lone K-env pass starts them), ``act()`` the
+    actions ``[E, 3]`` of the envs' current bars. Returns each group's stitched per-step records on the host
+    (``[groups, steps]`` each: pnl, cost, reward, position, traded, target, exit, bar) and K. One host sync, at
+    the end."""
     if not env.sequential:
-        raise ValueError("run_backtest needs a sequential env (FuturesEnv(..., sequential=True))")
+        raise ValueError("a backtest needs a sequential env (FuturesEnv(..., sequential=True))")
     steps = env.last_bar - env.first_bar
-    K, per = segment_layout(steps, env.episode_length, env.num_envs)
-    if K != env.num_envs:
-        raise ValueError(f"an env of {env.num_envs} envs for {K} segments: build it with segment_layout()")
+    K, per = segment_layout(steps, env.episode_length, env.num_envs // groups)
+    if groups < 1 or K * groups != env.num_envs:
+        raise ValueError(f"an env of {env.num_envs} envs for {groups} group(s) of {K} segments: build it with "
+                         "groups x segment_layout() envs")
+    E = env.num_envs
     env.reset()
     offsets = torch.arange(K, device=env.device) * per  # [K] first step of each segment
-    env.bar.copy_(env.first_bar + offsets)  # each segment starts flat at its first episode's start
+    env.bar.copy_(env.first_bar + offsets.repeat(groups))  # [E] each segment starts flat at its first episode's start
     dtype = env.prices.dtype  # the env's P&L is float32: recorded as such, widened to float64 on the host
     names = ("pnl", "cost", "reward", "position", "traded")
-    record = {k: torch.empty((per, K), dtype=dtype, device=env.device) for k in names}  # [S, K] each
-    target = torch.empty((per, K), dtype=dtype, device=env.device)
-    exits = torch.empty((per, K), dtype=torch.uint8, device=env.device)
-    bars = torch.empty((per, K), dtype=torch.int64, device=env.device)
-    bar_progress, task, own = _progress(progress, per, f"backtest {split}")
+    record = {k: torch.empty((per, E), dtype=dtype, device=env.device) for k in names}  # [S, E] each
+    target = torch.empty((per, E), dtype=dtype, device=env.device)
+    exits = torch.empty((per, E), dtype=torch.uint8, device=env.device)
+    bars = torch.empty((per, E), dtype=torch.int64, device=env.device)
+    bar_progress, task, own = _progress(progress, per, label)
     try:
         for k in range(per):
-            if isinstance(policy, BarRule):
-                action = policy(env.bar)
-            else:
-                action = torch.as_tensor(policy(env.observation()), device=env.device).reshape(K, NUM_BRANCHES)
+            action = act()  # [E, 3]
             out = env.step(action)
             for name in names:
                 record[name][k] = out[name]
@@ -169,15 +186,15 @@ def run_backtest(
             bar_progress.stop()
         elif bar_progress is not None:
             bar_progress.remove_task(task)
-    # stitch: segment k's first min(per, steps - k * per) steps, in order ([steps] flat indices into [S, K])
+    # stitch: group g's segment k is column g * K + k; its first min(per, steps - k * per) steps, in order
     step_of = torch.arange(steps, device=env.device)
-    flat = (step_of % per) * K + step_of // per
-    # host sync: the backtest's results
+    flat = ((step_of % per) * E + step_of // per)[None, :] + (torch.arange(groups, device=env.device) * K)[:, None]
+    # host sync: the backtest's results ([groups, steps] flat indices into [S, E])
     host = {k: v.reshape(-1)[flat].double().cpu().numpy() for k, v in record.items()}
     host["target"] = target.reshape(-1)[flat].double().cpu().numpy()
     host["exit"] = exits.reshape(-1)[flat].cpu().numpy()
     host["bar"] = bars.reshape(-1)[flat].cpu().numpy()
-    return _assemble(env, host, env.prices.double().cpu().numpy(), split=split, timestamps=timestamps, segments=K)
+    return host, K
 
 
 def _assemble(env: FuturesEnv, host: dict[str, np.ndarray], prices: np.ndarray, *, split: str,
@@ -220,53 +237,12 @@ def run_rule_backtests(
     stacked ``[P, T, 3]`` action table at (rule p, its bar). Every step is elementwise per env, so each
     returned Backtest (in ``rules`` order) equals rule p's lone :func:`run_backtest` bit for bit. One host
     sync, at the end. Build the env with ``num_envs = P x K`` (:func:`segment_layout`'s K)."""
-    if not env.sequential:
-        raise ValueError("run_rule_backtests needs a sequential env (FuturesEnv(..., sequential=True))")
     P = len(rules)
-    steps = env.last_bar - env.first_bar
     if P < 1 or env.num_envs % P:
         raise ValueError(f"an env of {env.num_envs} envs for {P} rules: build it with P x K envs")
-    K, per = segment_layout(steps, env.episode_length, env.num_envs // P)
-    if K * P != env.num_envs:
-        raise ValueError(f"an env of {env.num_envs} envs for {P} rules of {K} segments: build it with "
-                         "P x segment_layout() envs")
-    E = P * K
     table = torch.stack([r.actions.to(env.device) for r in rules])  # [P, T, 3] int64
-    rule_of = torch.arange(P, device=env.device).repeat_interleave(K)  # [E] the rule of each env
-    env.reset()
-    offsets = torch.arange(K, device=env.device) * per  # [K] first step of each segment
-    env.bar.copy_(env.first_bar + offsets.repeat(P))  # [E] each rule's segments start as in a lone pass
-    dtype = env.prices.dtype
-    names = ("pnl", "cost", "reward", "position", "traded")
-    record = {k: torch.empty((per, E), dtype=dtype, device=env.device) for k in names}  # [S, E] each
-    target = torch.empty((per, E), dtype=dtype, device=env.device)
-    exits = torch.empty((per, E), dtype=torch.uint8, device=env.device)
-    bars = torch.empty((per, E), dtype=torch.int64, device=env.device)
-    bar_progress, task, own = _progress(progress, per, f"rules {split}")
-    try:
-        for k in range(per):
-            action = table[rule_of, env.bar]  # [E, 3]
-            out = env.step(action)
-            for name in names:
-                record[name][k] = out[name]
-            target[k] = env.position_levels[action[:, 0]]
-            exits[k] = out["exit"]
-            bars[k] = out["bar"]
-            if bar_progress is not None:
-                bar_progress.advance(task)
-    finally:
-        if own:
-            bar_progress.stop()
-        elif bar_progress is not None:
-            bar_progress.remove_task(task)
-    # stitch per rule: [P, steps] flat indices into [S, E] (rule p's segment k is column p * K + k)
-    step_of = torch.arange(steps, device=env.device)
-    flat = ((step_of % per) * E + step_of // per)[None, :] + (torch.arange(P, device=env.device) * K)[:, None]
-    # host sync: every rule's results
-    host = {k: v.reshape(-1)[flat].double().cpu().numpy() for k, v in record.items()}  # [P, steps] each
-    host["target"] = target.reshape(-1)[flat].double().cpu().numpy()
-    host["exit"] = exits.reshape(-1)[flat].cpu().numpy()
-    host["bar"] = bars.reshape(-1)[flat].cpu().numpy()
+    rule_of = torch.arange(P, device=env.device).repeat_interleave(env.num_envs // P)  # [E] the rule of each env
+    host, K = _run_segments(env, P, lambda: table[rule_of, env.bar], label=f"rules {split}", progress=progress)
     prices = env.prices.double().cpu().numpy()
     return [_assemble(env, {k: v[p] for k, v in host.items()}, prices, split=split, timestamps=timestamps,
                       segments=K) for p in range(P)]
@@ -363,14 +339,7 @@ def evaluate_config(
     """:func:`evaluate_policy` with the sizes of a :class:`fitdqn.config.Config`."""
     if market is None:
         market = load_market(config.market, window=config.net.window, device=device)
-    if config.market.reward_scale <= 0:  # the derived scale the agent was trained with
-        config, _ = resolve_reward(config, market)
-    m = config.market
-    return evaluate_policy(
-        policy, market, split, window=config.net.window, episode_length=m.episode_length,
-        max_contracts=m.max_contracts, reward_scale=m.reward_scale, branches=config.net.branches,
-        segments=config.evaluate.segments, goal=goal, progress=progress, reward=m.reward,
-    )
+    return evaluate_policy(policy, market, split, **_config_sizes(config, market), goal=goal, progress=progress)
 
 
 def evaluate_rules_config(
@@ -383,11 +352,15 @@ def evaluate_rules_config(
     progress: Progress_ = None,
 ) -> list[Backtest]:
     """:func:`evaluate_rules` with the sizes of a :class:`fitdqn.config.Config`, on a loaded ``market``."""
-    if config.market.reward_scale <= 0:  # the derived scale the agent was trained with
+    return evaluate_rules(rules, market, split, **_config_sizes(config, market), goal=goal, progress=progress)
+
+
+def _config_sizes(config, market: Market) -> dict:
+    """The keyword sizes of :func:`evaluate_policy` and :func:`evaluate_rules` from a config (the reward scale
+    derived from ``market``'s training split where the config leaves it 0, as the agent was trained)."""
+    if config.market.reward_scale <= 0:
         config, _ = resolve_reward(config, market)
     m = config.market
-    return evaluate_rules(
-        rules, market, split, window=config.net.window, episode_length=m.episode_length,
-        max_contracts=m.max_contracts, reward_scale=m.reward_scale, branches=config.net.branches,
-        segments=config.evaluate.segments, goal=goal, progress=progress, reward=m.reward,
-    )
+    return dict(window=config.net.window, episode_length=m.episode_length, max_contracts=m.max_contracts,
+                reward_scale=m.reward_scale, reward=m.reward, branches=config.net.branches,
+                segments=config.evaluate.segments)
