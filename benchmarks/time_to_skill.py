@@ -128,6 +128,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def skill_summary(runs: list[dict]) -> dict:
+    """How many runs reached the threshold, and their median time to skill."""
+    reached = [r["time_to_skill_s"] for r in runs if r["time_to_skill_s"] is not None]
+    return {"reached": f"{len(reached)} of {len(runs)}",
+            "median_time_to_skill_s": statistics.median(reached) if reached else None}
+
+
 def plot_curves(result: dict, path: str) -> None:
     """Each run's chosen network's test Sharpe (a step at each new choice) against seconds since the train() call,
     beside the threshold and the test split's buy-and-hold and random."""
@@ -158,10 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.from_files:
         results = [json.loads(Path(f).read_text()) for f in args.from_files]
-        merged = {**results[0], "runs": [run for r in results for run in r["runs"]]}
-        reached = [r["time_to_skill_s"] for r in merged["runs"] if r["time_to_skill_s"] is not None]
-        merged["reached"] = f"{len(reached)} of {len(merged['runs'])}"
-        merged["median_time_to_skill_s"] = statistics.median(reached) if reached else None
+        runs = [run for r in results for run in r["runs"]]
+        merged = {**results[0], **skill_summary(runs), "runs": runs}
         Path(args.out).write_text(json.dumps(merged, indent=2))
         if args.plot:
             plot_curves(merged, args.plot)
@@ -179,15 +184,13 @@ def main(argv: list[str] | None = None) -> int:
                  else "not reached")
               + f"; whole run {row['run_s']:.1f} s, final test Sharpe {row['final_test_sharpe']:.2f} "
               f"(buy-and-hold {row['buy_and_hold_test_sharpe']:.2f}), batch {row['batch_size']}", flush=True)
-    reached = [r["time_to_skill_s"] for r in runs if r["time_to_skill_s"] is not None]
     result = {
         "definition": "seconds from the train() call to the end of the first validation backtest after which the "
                       "validation-chosen network (best.pt) has test Sharpe >= threshold; this script's own test "
                       "backtests not counted",
         "threshold": args.threshold, "overrides": overrides, "device": runs[0]["device"] if runs else None,
         "torch": torch.__version__, "commit": code_commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "import_s": IMPORT_S, "reached": f"{len(reached)} of {len(runs)}",
-        "median_time_to_skill_s": statistics.median(reached) if reached else None, "runs": runs,
+        "import_s": IMPORT_S, **skill_summary(runs), "runs": runs,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
