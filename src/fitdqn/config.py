@@ -138,6 +138,8 @@ class LearnConfig:
     lr_final: float = knob(0.1, "the rate at the end of the run, as a fraction of the start's (learn.lr_decay)",
                            ge=0, le=1)
     adam_eps: float = knob(1.5e-4, "Adam epsilon", gt=0)
+    weight_decay: float = knob(0.0, "decoupled weight decay (AdamW): each update shrinks the online and IQL "
+                               "weights by the learning rate x this; 0 = plain Adam", ge=0, le=INF)
     grad_clip: float = knob(10.0, "global gradient-norm clip", gt=0)
     target_update: str = knob("soft", "target network update: 'soft' (Polyak, every step) or 'hard' (copy)",
                               choices=("soft", "hard"))

@@ -81,6 +81,23 @@ def test_the_rate_tensor_steps_like_a_python_float_rate_on_the_cpu():
         assert torch.equal(p.detach(), q.detach())  # bit for bit: the run's results do not move with the tensor
 
 
+def test_weight_decay_shrinks_the_weights_by_the_rate_times_the_decay_each_update():
+    """learn.weight_decay is AdamW's decoupled decay: with zero gradients (no Adam move) an update multiplies every
+    weight by 1 - lr x decay; 0 keeps plain Adam."""
+    learner = Learner(small_config(lr=1e-3, lr_decay="none", weight_decay=0.5), STATE_DIM, "cpu")
+    learner.set_batch_size(256)
+    assert isinstance(learner.optimizer, torch.optim.AdamW)
+    before = [p.detach().clone() for p in learner.params]
+    for p in learner.params:
+        p.grad = torch.zeros_like(p)
+    learner.optimizer.step()
+    shrink = 1.0 - scaled_lr(learner.learn_config, 256) * 0.5
+    for p, b in zip(learner.params, before, strict=True):
+        torch.testing.assert_close(p.detach(), b * shrink)
+    plain = Learner(small_config(lr=1e-3), STATE_DIM, "cpu")
+    assert type(plain.optimizer) is torch.optim.Adam
+
+
 def test_soft_target_keeps_its_time_constant_in_samples():
     """The online net's share in the target after S samples is 1 - (1 - tau)^(S / base_batch) at every batch."""
     cfg = learn(target_tau=0.005, base_batch=256)

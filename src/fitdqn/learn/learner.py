@@ -85,9 +85,10 @@ class Learner:
         lr_dtype = torch.float32 if cuda else torch.float64
         self.lr = torch.tensor(self.learn_config.lr, dtype=lr_dtype, device=self.device)  # []
         self.lr_progress = 0.0
-        self.optimizer = torch.optim.Adam(
-            self.params, lr=self.lr, eps=self.learn_config.adam_eps, capturable=cuda, fused=True
-        )
+        decay = self.learn_config.weight_decay
+        adam = torch.optim.AdamW if decay > 0 else torch.optim.Adam  # the same state: step, exp_avg, exp_avg_sq
+        self.optimizer = adam(self.params, lr=self.lr, eps=self.learn_config.adam_eps, weight_decay=decay,
+                              capturable=cuda, fused=True)
         self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # updates done
         # data-parallel runs: averages the gradients across ranks, between backward and the clip/step (set by
         # the trainer from fitdqn.train.distributed; captured with the update on CUDA); None: one process
