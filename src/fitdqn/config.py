@@ -88,9 +88,9 @@ def knob(default: Any, help: str, *, ge: float | None = None, gt: float | None =
 class NetConfig:
     """Networks: trunk + attention, branching dueling C51 head, IQN head, IQL value net."""
 
-    size: str = knob("auto", "network widths: 'full' (the widths below), 'small' (widths left at their defaults "
-                     "become config.SMALL_NET's, for a CPU), 'auto' ('full' on CUDA, 'small' on the CPU)",
-                     choices=("auto", "full", "small"))
+    size: str = knob("small", "network widths: 'small' (widths left at their defaults become config.SMALL_NET's: "
+                     "on the synthetic market they generalise better on a GPU too), 'full' (the widths below); "
+                     "'auto' = 'small' (older config files)", choices=("auto", "full", "small"))
     window: int = knob(8, "bars per observation: the attention block attends over this many bar tokens", ge=1)
     trunk_hidden: int = knob(512, "first trunk layer width (state -> trunk_hidden -> d_model)", ge=1)
     d_model: int = knob(256, "trunk output width = attention model width", ge=1)
@@ -180,7 +180,10 @@ class ReplayConfig:
     her_k: int = knob(4, "HER future goals per real goal: relabel probability k / (k + 1)", ge=0)
     min_fill: int = knob(10_000, "transitions stored before updates start (at most one epoch's: updates start in "
                          "the first epoch)", ge=0)
-    compile: bool = knob(True, "torch.compile the replay's sampling maths on CUDA (few fused kernels)")
+    compile: bool = knob(False, "torch.compile the replay's sampling maths on CUDA: about 4x faster sampling "
+                         "(0.13 vs 0.51 ms for 8192 on an H200) after 10-60 s of compiling at the run's start, "
+                         "which pays on runs of tens of thousands of updates; off, the default run reaches skill "
+                         "sooner (BENCHMARKS.md)")
     tree_fanout: int = knob(64, "children per node of the prioritized sum tree (wide: a shallow tree, a few "
                             "batched kernels per descent; each descent step reads this many priorities per "
                             "sample)", ge=2)
@@ -493,12 +496,12 @@ AUTO_NUM_ENVS = {"cuda": 4096, "cpu": 32}
 # collect.steps_per_epoch = 0: on a GPU 20 x 16 x 4096 = 1.3 M env steps (10.5 M samples, 640 updates at batch
 # 16384); more passes over the 4,200 training bars of the synthetic market made the validation Sharpe fall
 AUTO_STEPS_PER_EPOCH = {"cuda": 16, "cpu": 64}
-AUTO_NET_SIZE = {"cuda": "full", "cpu": "small"}
 # train.eval_every = 0: on the H200 the default run's validation Sharpe peaks and falls between the every-5-epoch
 # backtests; validating every epoch (about 2 s a backtest there) lets validation choose from all 20 (BENCHMARKS.md)
 AUTO_EVAL_EVERY = {"cuda": 1, "cpu": 5}
 # net.size = 'small': the widths of a net that a 2-core CPU trains at ~10 updates/s at batch 256 (the full
-# widths: ~1 update/s, too slow to learn in minutes)
+# widths: ~1 update/s, too slow to learn in minutes); on the H200 (batch 16384, 3 seeds) they also beat the full
+# widths on validation (median Sharpe 3.69 vs 3.46): the full ones overfit the 4,200 training bars (BENCHMARKS.md)
 SMALL_NET = {"trunk_hidden": 128, "d_model": 64, "stream_hidden": 64, "iqn_embedding": 32, "iqn_quantiles": 16,
              "iqn_act_quantiles": 16, "iql_hidden": 64}
 
@@ -542,7 +545,7 @@ def for_device(config: Config, device_kind: str) -> Config:
     if config.train.eval_every == 0:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train,
                                                                       eval_every=AUTO_EVAL_EVERY[device_kind]))
-    size = AUTO_NET_SIZE[device_kind] if config.net.size == "auto" else config.net.size
+    size = "small" if config.net.size == "auto" else config.net.size
     net = dataclasses.replace(config.net, size=size)
     if size == "small":  # widths the user left at their defaults become the small ones
         defaults = NetConfig()

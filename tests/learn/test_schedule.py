@@ -213,7 +213,11 @@ def test_for_device_sizes_the_nets_and_is_idempotent():
     assert {k: getattr(cpu.net, k) for k in SMALL_NET} == SMALL_NET
     assert for_device(cpu, "cpu") == cpu
     cuda = for_device(Config(), "cuda")
-    assert cuda.net.size == "full" and cuda.net.trunk_hidden == NetConfig().trunk_hidden
+    assert cuda.net.size == "small" and {k: getattr(cuda.net, k) for k in SMALL_NET} == SMALL_NET
+    assert cuda.collect.num_envs == AUTO_NUM_ENVS["cuda"]
+    full = for_device(with_overrides(Config(), {"net.size": "full"}), "cuda")
+    assert full.net.trunk_hidden == NetConfig().trunk_hidden
+    assert for_device(with_overrides(Config(), {"net.size": "auto"}), "cuda") == cuda  # older files' 'auto'
     mine = for_device(with_overrides(Config(), {"net.trunk_hidden": 256}), "cpu")
     assert mine.net.trunk_hidden == 256 and mine.net.d_model == SMALL_NET["d_model"]  # a width given is kept
 
