@@ -287,3 +287,17 @@ def test_a_signal_outside_the_epochs_stops_at_once(reference, small_config, tmp_
               trainer_hook=lambda trainer: os.kill(os.getpid(), signal.SIGTERM))
     assert stopped.value.signum == signal.SIGTERM and not stopped.value.saved
     assert not (tmp_path / "runs").exists()  # nor the parent folder the run made
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_run_resumes_from_its_checkpoint(small_config, tmp_path):
+    """A CUDA checkpoint is loaded onto the device, generator states included; they must go back to the CPU for
+    ``set_state`` (found by a real-bars study resuming its folds on an H200)."""
+    config = small_config(**{"train.device": "cuda", "train.epochs": 2, "train.checkpoint_every": 1,
+                             "train.eval_every": 1})
+    run = tmp_path / "cuda_run"
+    train(config, run, console=Console(quiet=True))
+    longer = with_overrides(config, {"train.epochs": 3})
+    report = train(longer, run, resume=True, console=Console(quiet=True))
+    assert report["epochs"] == 3
+

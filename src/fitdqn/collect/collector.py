@@ -93,4 +93,5 @@ class Collector:
         self.env_steps.copy_(state["env_steps"])
         for name in self.env_state_names():
             getattr(self.env, name).copy_(state["env"][name])
-        self.env.generator.set_state(state["env"]["generator"])
+        # a generator's state is a CPU byte tensor, whatever device the checkpoint was mapped to
+        self.env.generator.set_state(state["env"]["generator"].cpu())

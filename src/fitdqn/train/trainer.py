@@ -255,11 +255,13 @@ class Trainer:
         if "replay" in state:  # a finished run's checkpoint may leave it out (train.keep_replay)
             self.replay.load_state_dict(state["replay"])
         self.collector.load_state_dict(state["collector"])
-        self.sample_generator.set_state(state["generators"]["sample"])
-        self.act_generator.set_state(state["generators"]["act"])
-        torch.set_rng_state(state["generators"]["torch_cpu"])
-        if self.device.type == "cuda" and state["generators"]["torch_cuda"].numel():
-            torch.cuda.set_rng_state(state["generators"]["torch_cuda"], self.device)
+        # generator states are CPU byte tensors, whatever device the checkpoint was mapped to (a CUDA run's is)
+        generators = {name: value.cpu() for name, value in state["generators"].items()}
+        self.sample_generator.set_state(generators["sample"])
+        self.act_generator.set_state(generators["act"])
+        torch.set_rng_state(generators["torch_cpu"])
+        if self.device.type == "cuda" and generators["torch_cuda"].numel():
+            torch.cuda.set_rng_state(generators["torch_cuda"], self.device)
         self.epoch = int(state["epoch"])
         self.updates_done = int(state["updates_done"])
         self.samples_done = int(state["samples_done"])
