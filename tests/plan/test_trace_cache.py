@@ -151,3 +151,14 @@ def test_a_repeated_plan_command_imports_nothing_of_the_system(tmp_path):
     assert json.loads(outputs[0]) == json.loads(outputs[1])
     assert "IMPORTED True True" in runs[0].stdout
     assert "IMPORTED False False" in runs[1].stdout
+
+
+def test_a_plan_from_the_cache_keeps_the_notes_its_traces_made(tmp_path, count_traces, monkeypatch):
+    """When the update cannot be derived from two traces the plan says so; the same plan served from the disk cache
+    says it too (on an H200 the triton kernels' trace of this config did not fit, and the cached plan lost the
+    note)."""
+    monkeypatch.setattr(build, "fit_traces", lambda first, second: (None, "forced for the test"))
+    first = plan_json(small(tmp_path), CARD)
+    assert any("forced for the test" in note for note in first["notes"])
+    traced = len(count_traces)
+    assert plan_json(small(tmp_path), CARD) == first and len(count_traces) == traced

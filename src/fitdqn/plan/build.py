@@ -356,11 +356,17 @@ def traced_sessions() -> Iterator[None]:
 
 
 def _summary(cache: TraceCache, key: dict, trace) -> TraceSummary:
+    """The summary of one traced step: from memory, else the disk cache, else ``trace()``; the notes its trace
+    made go into the plan's notes whichever way it came."""
     digest = key_digest(key)
     summary = _SUMMARIES.get(digest) or cache.get(key)
     if summary is None:
+        start = len(_NOTES)
         summary = trace()
+        summary = dataclasses.replace(summary, notes=tuple(_NOTES[start:]))
         cache.put(key, summary)
+    else:
+        _NOTES.extend(summary.notes)
     _SUMMARIES[digest] = summary
     return summary
 

@@ -47,6 +47,9 @@ class TraceSummary:
     # the step's allocations replayed in a fresh graph pool (allocator_model.pool_usage), by allocator mode:
     # 'expandable' and 'default'; empty when the trace kept no events
     pools: dict[str, PoolUsage] = field(default_factory=dict)
+    # what tracing it said of itself (the plan's notes: e.g. why the update was not derived from two traces),
+    # kept so that a plan from the cache says the same as the plan that traced
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, trace, with_pools: bool) -> TraceSummary:
@@ -60,13 +63,15 @@ class TraceSummary:
 
     def to_json(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "step_bytes": self.step_bytes, "step_by_group": self.step_by_group,
-                "pools": {mode: dataclasses.asdict(usage) for mode, usage in self.pools.items()}}
+                "pools": {mode: dataclasses.asdict(usage) for mode, usage in self.pools.items()},
+                "notes": list(self.notes)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TraceSummary:
         groups = {str(name): int(count) for name, count in data["step_by_group"].items()}
         pools = {str(mode): PoolUsage(**usage) for mode, usage in data["pools"].items()}
-        return cls(int(data["batch_size"]), int(data["step_bytes"]), groups, pools)
+        return cls(int(data["batch_size"]), int(data["step_bytes"]), groups, pools,
+                   tuple(str(note) for note in data["notes"]))
 
 
 def cache_folder(configured: str = "") -> Path | None:
