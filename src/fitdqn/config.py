@@ -266,6 +266,9 @@ class TrainConfig:
         "(CPU affinity, capped by a container's CPU quota)", ge=0)
     eval_every: int = knob(0, "epochs between validation backtests (each one may become the reported network); "
                            "0 = auto: every epoch on a GPU, every 5 on the CPU", ge=0)
+    patience: int = knob(0, "early stop: end the run when this many validation backtests in a row have not beaten "
+                         "the best validation Sharpe so far (the report is about the best); 0 = every epoch",
+                         ge=0)
     checkpoint_every: int = knob(5, "epochs between checkpoints", ge=1)
     keep_replay: bool = knob(
         True, "keep the replay buffer in a finished run's checkpoint, so --resume with more --epochs continues it "

@@ -127,8 +127,10 @@ def units_line(results: dict[str, Any], config: Config) -> str:
 
 def selection_line(selection: dict[str, Any]) -> str:
     candidates = ", ".join(f"{e} ({fmt(s, 2)})" for e, s in selection["candidates"])
+    stopped = f" {selection['stopped_early'][0].upper()}{selection['stopped_early'][1:]}." \
+        if selection.get("stopped_early") else ""
     return (f"Network: epoch {selection['epoch']} of {selection['epochs']}, {selection['reason']}; validation "
-            f"Sharpe by epoch: {candidates or 'none'}. The test split played no part in the choice.")
+            f"Sharpe by epoch: {candidates or 'none'}.{stopped} The test split played no part in the choice.")
 
 
 def run_markdown(report: dict[str, Any], config: Config) -> str:

@@ -388,6 +388,12 @@ def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, 
             last = stats.epoch == config.train.epochs  # the final checkpoint follows the loop
             signalled = stop.signum is not None
             ended = on_epoch is not None and on_epoch(record)
+            stale = main and 0 < config.train.patience <= validations_since_best(trainer.history)
+            if stale and not last:
+                console.print(f"early stop at epoch {stats.epoch}: {config.train.patience} validation backtest(s) "
+                              "in a row without a better Sharpe (train.patience); --resume with --train.patience 0 "
+                              "trains on", highlight=False, soft_wrap=True)
+            ended = ended or stale
             late = deadline is not None and time.monotonic() > deadline
             if job is not None:  # every rank ends at the same epoch (the others wait here for rank 0)
                 signalled, ended, late = job.agree(signalled, ended, late)
@@ -428,6 +434,17 @@ def status_line(record: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def validations_since_best(history: list[dict[str, Any]]) -> int:
+    """Validation backtests after the best one of ``history`` (the first of equal bests, as :func:`keep_best`
+    keeps it; a Sharpe of None beats nothing); 0 when there is none."""
+    scores = [r.get("validation_sharpe") for r in history if "validation_sharpe" in r]
+    best = None
+    for index, score in enumerate(scores):
+        if score is not None and (best is None or score > scores[best]):
+            best = index
+    return len(scores) - 1 - best if best is not None else len(scores)
+
+
 def keep_best(trainer: Trainer, run_dir: Path, record: dict[str, Any]) -> None:
     """Write best.pt (atomically) when ``record``'s validation Sharpe beats every earlier one in the history
     (the history is part of the checkpoint, so a resumed run keeps the same best)."""
@@ -462,8 +479,12 @@ def select_network(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
               if score is not None and len(scored) > 1 else
               "the final network (no validation backtest had a Sharpe to compare)" if score is None else
               f"the only validated network (validation Sharpe {score:.2f})")
+    patience = config.train.patience
+    stopped = (f"training stopped early after {patience} validation backtest(s) without a better Sharpe "
+               "(train.patience)" if 0 < patience <= validations_since_best(trainer.history)
+               and trainer.epoch < config.train.epochs else "")
     return {"epoch": epoch, "epochs": trainer.epoch, "validation_sharpe": score, "reason": reason,
-            "candidates": candidates}
+            "candidates": candidates, "stopped_early": stopped}
 
 
 def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str, Any]:
