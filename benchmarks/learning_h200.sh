@@ -4,7 +4,8 @@
 #      code), then seeds 1 and 2 side by side with the batch-invariance runs;
 #      (their wall clock shares the GPU: only seed 0's is a figure of the code; about 4-5 minutes in all)
 #   2. batch invariance with the DEFAULT nets: the same config (so the same sample budget, train.sample_reuse x
-#      env steps) at batch 2048 and 8192 beside the profile's 16384 (the default runs), seeds 0, 1, 2.
+#      env steps) at batch 2048 and 8192 beside the profile's 16384 (the default runs), seeds 0, 1, 2;
+#   3. time to skill (benchmarks/time_to_skill.py), seeds 0, 1, 2 alone, and its learning-curve plot.
 # Every run writes one JSON (benchmarks/learning.py run: test/validation Sharpe of the agent, buy-and-hold, random,
 # last-bar momentum; wall seconds; updates; samples) under $OUT, then a summary ($OUT/summary.txt).
 set -u
@@ -35,5 +36,9 @@ echo "all: $(( $(date +%s) - start )) s" | tee -a "$OUT/timeline.txt"
   echo "== defaults (profile batch), seeds 0 1 2"; python3 benchmarks/learning.py summary "$OUT"/h200_default_s*.json
   for b in 2048 8192; do echo "== batch $b"; python3 benchmarks/learning.py summary "$OUT"/h200_b${b}_s*.json; done
 } > "$OUT/summary.txt" 2>&1
+# 3. time to skill, seeds 0 1 2 one after another, alone on the GPU (warm caches: the runs above), with the curves
+timeout 200 python3 benchmarks/time_to_skill.py --seeds 0,1,2 --out "$OUT/time_to_skill.json" \
+  --plot "$OUT/time_to_skill.png" > "$OUT/time_to_skill.log" 2>&1
+echo "time to skill: rc=$? $(( $(date +%s) - start )) s" | tee -a "$OUT/timeline.txt"
 cat "$OUT/summary.txt" "$OUT/timeline.txt"
 tail -3 "$OUT"/*.log | grep -i -B2 "error\|traceback" | head -40
