@@ -267,7 +267,7 @@ class TrainConfig:
     eval_every: int = knob(0, "epochs between validation backtests (each one may become the reported network); "
                            "0 = auto: every epoch on a GPU, every 5 on the CPU", ge=0)
     patience: int = knob(0, "early stop: end the run when this many validation backtests in a row have not beaten "
-                         "the best validation Sharpe so far (the report is about the best); 0 = every epoch",
+                         "the best validation Sharpe so far (the report is about the best); 0 = off (every epoch runs)",
                          ge=0)
     checkpoint_every: int = knob(5, "epochs between checkpoints", ge=1)
     keep_replay: bool = knob(
@@ -500,7 +500,7 @@ AUTO_NUM_ENVS = {"cuda": 4096, "cpu": 32}
 # 16384); more passes over the 4,200 training bars of the synthetic market made the validation Sharpe fall
 AUTO_STEPS_PER_EPOCH = {"cuda": 16, "cpu": 64}
 # train.eval_every = 0: on the H200 the default run's validation Sharpe peaks and falls between the every-5-epoch
-# backtests; validating every epoch (about 2 s a backtest there) lets validation choose from all 20 (BENCHMARKS.md)
+# backtests; validating every epoch (about 1 s a backtest there) lets validation choose from all 20 (BENCHMARKS.md)
 AUTO_EVAL_EVERY = {"cuda": 1, "cpu": 5}
 # net.size = 'small': the widths of a net that a 2-core CPU trains at ~10 updates/s at batch 256 (the full
 # widths: ~1 update/s, too slow to learn in minutes); on the H200 (batch 16384, 3 seeds) they also beat the full

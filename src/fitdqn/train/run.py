@@ -436,7 +436,7 @@ def status_line(record: dict[str, Any]) -> str:
 
 def validations_since_best(history: list[dict[str, Any]]) -> int:
     """Validation backtests after the best one of ``history`` (the first of equal bests, as :func:`keep_best`
-    keeps it; a Sharpe of None beats nothing); 0 when there is none."""
+    keeps it; a Sharpe of None beats nothing); 0 when there is no validation yet."""
     scores = [r.get("validation_sharpe") for r in history if "validation_sharpe" in r]
     best = None
     for index, score in enumerate(scores):
