@@ -9,7 +9,7 @@ import torch
 from support.env import env_options
 
 from fitdqn.config import Config, with_overrides
-from fitdqn.evaluate.backtest import BarRule, evaluate_policy, run_backtest, segment_layout
+from fitdqn.evaluate.backtest import BarRule, SplitSizes, evaluate_policy, run_backtest, segment_layout
 from fitdqn.evaluate.baselines import rule_policies
 from fitdqn.market.env import EXIT_EPISODE_END, FuturesEnv
 from fitdqn.market.features import FEATURE_NAMES
@@ -43,7 +43,7 @@ def test_buy_and_hold_backtest_over_a_whole_split(sp500_market):
 def test_evaluate_policy_runs_consecutive_training_length_episodes(sp500_market):
     market = sp500_market
     bt = evaluate_policy(lambda obs: torch.zeros((obs.shape[0], 3), dtype=torch.long) + torch.tensor([FLAT, 0, 0]),
-                         market, "validation", episode_length=100, segments=1, **SIZES)
+                         market, "validation", SplitSizes(episode_length=100, segments=1, **SIZES))
     split = market.splits["validation"]
     assert len(bt) == len(split) - 1 and (bt.pnl == 0).all() and bt.equity[-1] == 0
     assert list(bt.decision_bar[:2]) == [split.start, split.start + 1]
@@ -66,8 +66,8 @@ def test_synthetic_edge_is_learnable_and_absent_without_signal():
         config = with_overrides(
             Config(), {"market.data": "synthetic", "market.synthetic_signal": signal, "market.seed": seed}
         )
-        pnl = evaluate_policy(follow_last_bar, load_market(config.market, window=8), "test", episode_length=256,
-                              segments=64, **SIZES).pnl
+        pnl = evaluate_policy(follow_last_bar, load_market(config.market, window=8), "test",
+                              SplitSizes(episode_length=256, segments=64, **SIZES)).pnl
         return pnl.mean() / pnl.std() * np.sqrt(252)
 
     for seed in (0, 1):
@@ -111,7 +111,8 @@ def test_segmented_backtest_equals_the_bar_by_bar_pass(sp500_market, segments):
         return actions
 
     pnl, position = sequential_reference(sp500_market, policy, "validation", 64)
-    bt = evaluate_policy(policy, sp500_market, "validation", episode_length=64, segments=segments, **SIZES)
+    bt = evaluate_policy(policy, sp500_market, "validation",
+                         SplitSizes(episode_length=64, segments=segments, **SIZES))
     assert bt.segments == min(segments, -(-len(pnl) // 64))
     np.testing.assert_array_equal(bt.pnl, pnl)
     np.testing.assert_array_equal(bt.position, position)
@@ -126,8 +127,8 @@ def test_bar_rules_run_without_observations_and_match_a_policy(sp500_market):
     assert isinstance(rule, BarRule)
     close = sp500_market.prices[:, 3].double()
 
-    batched = evaluate_policy(rule, sp500_market, "test", episode_length=256, segments=8, **SIZES)
-    one = evaluate_policy(rule, sp500_market, "test", episode_length=256, segments=1, **SIZES)
+    batched = evaluate_policy(rule, sp500_market, "test", SplitSizes(episode_length=256, segments=8, **SIZES))
+    one = evaluate_policy(rule, sp500_market, "test", SplitSizes(episode_length=256, segments=1, **SIZES))
     np.testing.assert_array_equal(batched.pnl, one.pnl)
     bars = one.decision_bar
     expected = 2 * torch.sign(close[bars] - close[bars - 1]).numpy()
@@ -140,9 +141,9 @@ def test_segmented_backtest_on_cuda_equals_the_cpu():
     cpu_market = load_market(config.market, window=8)
     gpu_market = load_market(config.market, window=8, device="cuda")
     rule = rule_policies(cpu_market, config, 252.0)["ma_crossover"]
-    cpu = evaluate_policy(rule, cpu_market, "test", episode_length=256, segments=1, **SIZES)
+    cpu = evaluate_policy(rule, cpu_market, "test", SplitSizes(episode_length=256, segments=1, **SIZES))
     cuda = evaluate_policy(rule_policies(gpu_market, config, 252.0)["ma_crossover"], gpu_market, "test",
-                           episode_length=256, segments=1024, **SIZES)
+                           SplitSizes(episode_length=256, segments=1024, **SIZES))
     assert cuda.segments > 1
     np.testing.assert_array_equal(cuda.position, cpu.position)
     np.testing.assert_allclose(cuda.pnl, cpu.pnl, rtol=1e-5, atol=1e-2)

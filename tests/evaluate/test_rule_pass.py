@@ -10,7 +10,7 @@ import torch
 
 import fitdqn.evaluate.backtest as backtest_module
 from fitdqn.config import Config, with_overrides
-from fitdqn.evaluate.backtest import BarRule, evaluate_policy, evaluate_rules, segment_layout
+from fitdqn.evaluate.backtest import BarRule, SplitSizes, evaluate_policy, evaluate_rules, segment_layout
 from fitdqn.evaluate.baselines import random_policy, rule_policies
 from fitdqn.evaluate.compare import evaluate_split
 from fitdqn.market.contract import ContractSpec
@@ -70,10 +70,11 @@ def test_one_pass_equals_each_rules_own_pass(markets, name, segments):
     rules = [*rule_policies(market, with_overrides(Config(), {"evaluate.ma_slow": 100}), 252.0).values(),
              stop_and_take_rule(market, 0), stop_and_take_rule(market, 1)]
     for split in ("validation", "test"):
-        batched = evaluate_rules(rules, market, split, episode_length=32, segments=segments, **SIZES)
+        sizes = SplitSizes(episode_length=32, segments=segments, **SIZES)
+        batched = evaluate_rules(rules, market, split, sizes)
         assert len(batched) == len(rules)
         for rule, bt in zip(rules, batched, strict=True):
-            assert_same(bt, evaluate_policy(rule, market, split, episode_length=32, segments=segments, **SIZES))
+            assert_same(bt, evaluate_policy(rule, market, split, sizes))
         assert (batched[-1].exit == 1).any() and (batched[-1].exit == 2).any()  # stops and take-profits fired
         assert len({bt.pnl.tobytes() for bt in batched}) == len(rules)  # each rule got its own actions
 
@@ -92,13 +93,14 @@ def test_passes_never_step_more_envs_than_segments(monkeypatch, markets, segment
     monkeypatch.setattr(backtest_module.FuturesEnv, "from_market", spy)
     steps = market.splits["test"].stop - 1 - market.first_bar("test", 8)
     K, _ = segment_layout(steps, 32, segments)
-    batched = evaluate_rules(rules, market, "test", episode_length=32, segments=segments, **SIZES)
+    sizes = SplitSizes(episode_length=32, segments=segments, **SIZES)
+    batched = evaluate_rules(rules, market, "test", sizes)
     monkeypatch.undo()
     per_pass = segments // K
     assert len(built) == -(-len(rules) // per_pass) and max(built) <= segments and sum(built) == len(rules) * K
     assert len(built) == {4: 5, 40: 3, 64: 2, 1024: 1}[segments]  # K = 4, 15, 15, 15 (15 episodes)
     for rule, bt in zip(rules, batched, strict=True):
-        assert_same(bt, evaluate_policy(rule, market, "test", episode_length=32, segments=segments, **SIZES))
+        assert_same(bt, evaluate_policy(rule, market, "test", sizes))
 
 
 def test_evaluate_split_keeps_every_baseline_figure(small_config):

@@ -248,80 +248,73 @@ def run_rule_backtests(
                       segments=K) for p in range(P)]
 
 
-def _split_env(market: Market, split: str, num_envs: int, *, window: int, episode_length: int, max_contracts: int,
-               reward_scale: float, reward: str, branches: Sequence[int], goal: float | None) -> FuturesEnv:
+@dataclass(frozen=True)
+class SplitSizes:
+    """What a backtest's env is built with (as the agent was trained) and ``segments``, the most segments it
+    steps in parallel."""
+
+    window: int
+    episode_length: int
+    max_contracts: int
+    reward_scale: float
+    reward: str
+    branches: Sequence[int]
+    segments: int
+
+    @classmethod
+    def of_config(cls, config, market: Market) -> SplitSizes:
+        """The sizes of a :class:`fitdqn.config.Config` (the reward scale derived from ``market``'s training split
+        where the config leaves it 0, as the agent was trained)."""
+        if config.market.reward_scale <= 0:
+            config, _ = resolve_reward(config, market)
+        m = config.market
+        return cls(window=config.net.window, episode_length=m.episode_length, max_contracts=m.max_contracts,
+                   reward_scale=m.reward_scale, reward=m.reward, branches=config.net.branches,
+                   segments=config.evaluate.segments)
+
+    def layout(self, market: Market, split: str) -> int:
+        """K: the segments of whole episodes a lone backtest of ``split`` steps (:func:`segment_layout`)."""
+        s = market.split(split)
+        return segment_layout(s.stop - 1 - market.first_bar(s, self.window), self.episode_length, self.segments)[0]
+
+
+def _split_env(market: Market, split: str, num_envs: int, sizes: SplitSizes, goal: float | None) -> FuturesEnv:
     """A sequential env of ``num_envs`` envs over ``split``, its goal fixed (None: the middle of the training
     goal range)."""
-    env = FuturesEnv.from_market(market, split, num_envs=num_envs, window=window, episode_length=episode_length,
-                                 max_contracts=max_contracts, reward_scale=reward_scale, reward=reward,
-                                 branches=branches, sequential=True,
-                                 seed=0)  # a sequential env draws no start bars; the goal is set below
+    env = FuturesEnv.from_market(market, split, num_envs=num_envs, window=sizes.window,
+                                 episode_length=sizes.episode_length, max_contracts=sizes.max_contracts,
+                                 reward_scale=sizes.reward_scale, reward=sizes.reward, branches=sizes.branches,
+                                 sequential=True, seed=0)  # a sequential env draws no start bars; the goal is set below
     g = 0.5 * (env.goal_range[0] + env.goal_range[1]) if goal is None else float(goal)
     env.goal_range = (g, g)
     return env
 
 
-def _split_steps(market: Market, split: str, window: int) -> int:
-    s = market.split(split)
-    return s.stop - 1 - market.first_bar(s, window)
-
-
-def evaluate_policy(
-    policy: Policy | BarRule,
-    market: Market,
-    split: str,
-    *,
-    window: int,
-    episode_length: int,
-    max_contracts: int,
-    reward_scale: float,
-    reward: str,
-    branches: Sequence[int],
-    segments: int,
-    goal: float | None = None,
-    progress: Progress_ = None,
-) -> Backtest:
+def evaluate_policy(policy: Policy | BarRule, market: Market, split: str, sizes: SplitSizes, *,
+                    goal: float | None = None, progress: Progress_ = None) -> Backtest:
     """Backtest ``policy`` over a whole split of ``market`` from its first valid bar to its end, in at most
-    ``segments`` parallel segments. ``goal`` is the target shown in the state (None: the middle of the
+    ``sizes.segments`` parallel segments. ``goal`` is the target shown in the state (None: the middle of the
     training goal range)."""
-    count, _ = segment_layout(_split_steps(market, split, window), episode_length, segments)
-    env = _split_env(market, split, count, window=window, episode_length=episode_length,
-                     max_contracts=max_contracts, reward_scale=reward_scale, reward=reward, branches=branches,
-                     goal=goal)
+    env = _split_env(market, split, sizes.layout(market, split), sizes, goal)
     stamps = market.bars["timestamp"].to_numpy()
     return run_backtest(env, policy, split=market.split(split).name, timestamps=stamps, progress=progress)
 
 
-def evaluate_rules(
-    rules: Sequence[BarRule],
-    market: Market,
-    split: str,
-    *,
-    window: int,
-    episode_length: int,
-    max_contracts: int,
-    reward_scale: float,
-    reward: str,
-    branches: Sequence[int],
-    segments: int,
-    goal: float | None = None,
-    progress: Progress_ = None,
-) -> list[Backtest]:
+def evaluate_rules(rules: Sequence[BarRule], market: Market, split: str, sizes: SplitSizes, *,
+                   goal: float | None = None, progress: Progress_ = None) -> list[Backtest]:
     """:func:`evaluate_policy` for every rule of ``rules`` (in order), the rules batched into passes of
     :func:`run_rule_backtests`: each rule keeps the K segments of its lone backtest, and a pass steps at
     most ``segments`` envs (``segments // K`` rules; the env state is a few floats per env)."""
     if not rules:
         return []
-    count, _ = segment_layout(_split_steps(market, split, window), episode_length, segments)
-    per_pass = max(1, segments // count)  # rules per pass
+    count = sizes.layout(market, split)
+    per_pass = max(1, sizes.segments // count)  # rules per pass
     stamps = market.bars["timestamp"].to_numpy()
     name = market.split(split).name
     out: list[Backtest] = []
     for first in range(0, len(rules), per_pass):
         chunk = list(rules[first:first + per_pass])
-        env = _split_env(market, split, len(chunk) * count, window=window, episode_length=episode_length,
-                         max_contracts=max_contracts, reward_scale=reward_scale, reward=reward, branches=branches,
-                         goal=goal)
+        env = _split_env(market, split, len(chunk) * count, sizes, goal)
         out += run_rule_backtests(env, chunk, split=name, timestamps=stamps, progress=progress)
     return out
 
@@ -339,7 +332,8 @@ def evaluate_config(
     """:func:`evaluate_policy` with the sizes of a :class:`fitdqn.config.Config`."""
     if market is None:
         market = load_market(config.market, window=config.net.window, device=device)
-    return evaluate_policy(policy, market, split, **_config_sizes(config, market), goal=goal, progress=progress)
+    return evaluate_policy(policy, market, split, SplitSizes.of_config(config, market), goal=goal,
+                           progress=progress)
 
 
 def evaluate_rules_config(
@@ -352,15 +346,4 @@ def evaluate_rules_config(
     progress: Progress_ = None,
 ) -> list[Backtest]:
     """:func:`evaluate_rules` with the sizes of a :class:`fitdqn.config.Config`, on a loaded ``market``."""
-    return evaluate_rules(rules, market, split, **_config_sizes(config, market), goal=goal, progress=progress)
-
-
-def _config_sizes(config, market: Market) -> dict:
-    """The keyword sizes of :func:`evaluate_policy` and :func:`evaluate_rules` from a config (the reward scale
-    derived from ``market``'s training split where the config leaves it 0, as the agent was trained)."""
-    if config.market.reward_scale <= 0:
-        config, _ = resolve_reward(config, market)
-    m = config.market
-    return dict(window=config.net.window, episode_length=m.episode_length, max_contracts=m.max_contracts,
-                reward_scale=m.reward_scale, reward=m.reward, branches=config.net.branches,
-                segments=config.evaluate.segments)
+    return evaluate_rules(rules, market, split, SplitSizes.of_config(config, market), goal=goal, progress=progress)
