@@ -229,3 +229,12 @@ def test_learner_follows_the_batch():
     learner.set_batch_size(1024)
     assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(4e-4)
     assert learner.target_tau == pytest.approx(1 - 0.99**4)
+
+
+def test_the_run_clock_is_the_share_of_the_runs_env_steps():
+    """Beta and the learning rate's decay read ``Schedule.progress``: env steps collected over the run's, capped."""
+    config = for_device(with_overrides(Config(), {"collect.num_envs": 8, "collect.steps_per_epoch": 4,
+                                                  "train.epochs": 10}), "cpu")
+    schedule = Schedule.from_config(config, 256)
+    assert schedule.env_steps == 320
+    assert [schedule.progress(n) for n in (0, 80, 320, 640)] == [0.0, 0.25, 1.0, 1.0]

@@ -155,6 +155,11 @@ class Schedule:
             min_updates=train.min_updates,
         )
 
+    def progress(self, env_steps: int) -> float:
+        """The share of the run's env steps collected after ``env_steps`` (0..1): the clock of the annealed knobs
+        (importance-weight beta, the learning rate's decay)."""
+        return min(env_steps / max(self.env_steps, 1), 1.0)
+
     @property
     def floored(self) -> bool:
         """The floor of updates binds: the run draws more than ``train.sample_reuse`` samples per transition."""

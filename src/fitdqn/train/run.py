@@ -126,8 +126,6 @@ class StopRequests:
         return "no checkpoint" if self.saved_epoch is None else f"the last checkpoint (epoch {self.saved_epoch})"
 
 
-
-
 def default_run_dir() -> Path:
     """runs/<date>-<time>, with -2, -3, ... when that folder exists already (two runs started in one second)."""
     base = Path("runs") / time.strftime("%Y%m%d-%H%M%S")

@@ -44,16 +44,11 @@ class EpochStats:
     values: dict[str, float] = field(default_factory=dict)
 
 
-def run_progress(config: Config, env_steps: int) -> float:
-    """The share of the run's env steps collected after ``env_steps`` (0..1): the clock of the annealed knobs."""
-    total = config.collect.num_envs * config.collect.steps_per_epoch * config.train.epochs
-    return min(env_steps / max(total, 1), 1.0)
-
-
-def beta_at(config: Config, env_steps: int) -> float:
-    """Importance-weight exponent after ``env_steps`` collected, annealed linearly over the run's env steps."""
+def beta_at(config: Config, progress: float) -> float:
+    """Importance-weight exponent at ``progress`` through the run's env steps (``Schedule.progress``), annealed
+    linearly."""
     r = config.replay
-    return r.beta_start + (r.beta_end - r.beta_start) * run_progress(config, env_steps)
+    return r.beta_start + (r.beta_end - r.beta_start) * progress
 
 
 class Trainer:
@@ -189,8 +184,9 @@ class Trainer:
         """Collect, then update; after an out-of-memory error (OomGuard) only the missing updates run again."""
         start = time.perf_counter()
         if self.pending is None:
-            self.beta.fill_(beta_at(self.config, self.env_steps_done))
-            self.learner.set_lr_progress(run_progress(self.config, self.env_steps_done))
+            progress = self.schedule.progress(self.env_steps_done)
+            self.beta.fill_(beta_at(self.config, progress))
+            self.learner.set_lr_progress(progress)
             self.pending = {"collected": self.collect(), "updates": 0}  # host sync: the collector's stats
             self.pending["collect_seconds"] = time.perf_counter() - start
         collected = self.pending["collected"]
