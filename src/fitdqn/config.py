@@ -27,6 +27,7 @@ class ConfigError(UserError):
 
 INF = math.inf
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds both take it
+SYNTHETIC_DATA = "synthetic"  # market.data of the generated market (fitdqn.market.data.synthetic_bars)
 
 
 @dataclass(frozen=True)

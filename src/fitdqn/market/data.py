@@ -34,11 +34,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pandas.tseries.api import guess_datetime_format
 
+from fitdqn.config import SYNTHETIC_DATA
 from fitdqn.errors import UserError
 
 COLUMNS = ("timestamp", "open", "high", "low", "close", "volume")
 PRICE_COLUMNS = ("open", "high", "low", "close")
-BUILTIN = ("sp500", "nasdaq", "synthetic")
+BUILTIN = ("sp500", "nasdaq", SYNTHETIC_DATA)
 DATASETS_PACKAGE = "fitdqn.market"
 DATASETS_DIR = "datasets"
 BUILTIN_FILES = {"sp500": "sp500.csv.gz", "nasdaq": "nasdaq.csv.gz"}
@@ -553,7 +554,7 @@ def load_bars(
     ``seed``."""
     if data in ("sp500", "nasdaq"):
         return builtin_bars(data)
-    if data == "synthetic":
+    if data == SYNTHETIC_DATA:
         return synthetic_bars(synthetic_bars_count, synthetic_signal, seed)
     path = Path(data)
     if path.suffix.lower() not in FILE_SUFFIXES and not path.exists():

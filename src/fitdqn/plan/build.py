@@ -32,7 +32,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fitdqn.config import AutoBatch, Config, FixedBatch, ProfileBatch, batch_choice, config_to_dict
+from fitdqn.config import (
+    SYNTHETIC_DATA,
+    AutoBatch,
+    Config,
+    FixedBatch,
+    ProfileBatch,
+    batch_choice,
+    config_to_dict,
+)
 from fitdqn.device.cards import find_card
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile, profile_with_note
@@ -79,7 +87,6 @@ if TYPE_CHECKING:
 # The system, the learner and the data pipeline are imported where a trace, a network count or a bar count is
 # made, not above: a plan whose traces are all in the cache needs none of them (lazy by design: seconds of imports).
 
-SYNTHETIC = "synthetic"  # market.data of the generated market
 TRACE_BATCHES = (512, 1024)
 # The graph pool's fragmentation is not linear below a few thousand samples (at 512-1024 many per-sample
 # tensors are still small-pool requests): fitted at 512 and 1024 the learner's pool beyond its live peak is
@@ -105,7 +112,7 @@ class PlanInputs:
     def from_config(cls, config: Config) -> PlanInputs:
         """Without loading the data: a synthetic market's size is its configured bar count; a file or a
         built-in dataset is read (on the CPU) to count its bars."""
-        if config.market.data == SYNTHETIC:  # synthetic_bars makes exactly that many (tests/plan/test_build.py)
+        if config.market.data == SYNTHETIC_DATA:  # synthetic_bars makes exactly that many (tests/plan/test_build.py)
             return cls(config.market.synthetic_bars, market_bytes(config.market.synthetic_bars))
         cache = TraceCache(cache_folder(config.budget.trace_cache_dir))  # counting a dataset's bars costs seconds
         key = trace_key(what="bars", market=config_to_dict(config)["market"],
