@@ -386,7 +386,7 @@ def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, 
             last = stats.epoch == config.train.epochs  # the final checkpoint follows the loop
             signalled = stop.signum is not None
             ended = on_epoch is not None and on_epoch(record)
-            stale = main and 0 < config.train.patience <= validations_since_best(trainer.history)
+            stale = main and patience_ran_out(config, trainer.history)
             if stale and not last:
                 console.print(f"early stop at epoch {stats.epoch}: {config.train.patience} validation backtest(s) "
                               "in a row without a better Sharpe (train.patience); --resume with --train.patience 0 "
@@ -443,6 +443,11 @@ def validations_since_best(history: list[dict[str, Any]]) -> int:
     return len(scores) - 1 - best if best is not None else len(scores)
 
 
+def patience_ran_out(config: Config, history: list[dict[str, Any]]) -> bool:
+    """``train.patience`` (> 0) validation backtests in a row have not beaten the best: the run ends (early stop)."""
+    return 0 < config.train.patience <= validations_since_best(history)
+
+
 def keep_best(trainer: Trainer, run_dir: Path, record: dict[str, Any]) -> None:
     """Write best.pt (atomically) when ``record``'s validation Sharpe beats every earlier one in the history
     (the history is part of the checkpoint, so a resumed run keeps the same best)."""
@@ -477,9 +482,8 @@ def select_network(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
               if score is not None and len(scored) > 1 else
               "the final network (no validation backtest had a Sharpe to compare)" if score is None else
               f"the only validated network (validation Sharpe {score:.2f})")
-    patience = config.train.patience
-    stopped = (f"training stopped early after {patience} validation backtest(s) without a better Sharpe "
-               "(train.patience)" if 0 < patience <= validations_since_best(trainer.history)
+    stopped = (f"training stopped early after {config.train.patience} validation backtest(s) without a better "
+               "Sharpe (train.patience)" if patience_ran_out(config, trainer.history)
                and trainer.epoch < config.train.epochs else "")
     return {"epoch": epoch, "epochs": trainer.epoch, "validation_sharpe": score, "reason": reason,
             "candidates": candidates, "stopped_early": stopped}
