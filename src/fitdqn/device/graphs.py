@@ -65,6 +65,11 @@ def premapped_pool(nbytes: int, device: torch.device, stream: torch.cuda.Stream)
 
 def captured_pool_bytes(graph: torch.cuda.CUDAGraph) -> int:
     """Bytes of the segments in the graph's private pool (``torch.cuda.memory_snapshot``)."""
-    pool_id = tuple(graph.pool())
+    return pool_bytes(graph.pool())
+
+
+def pool_bytes(pool: tuple) -> int:
+    """Bytes of the segments in the private pool ``pool`` (a graph's ``pool()``; ``torch.cuda.memory_snapshot``)."""
+    pool_id = tuple(pool)
     return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
                if tuple(s.get("segment_pool_id", ())) == pool_id)

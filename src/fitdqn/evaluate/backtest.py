@@ -134,70 +134,95 @@ def run_backtest(
     """Run ``policy`` over a sequential env from its first bar to the end of its range, its ``num_envs``
     envs stepping contiguous segments of whole episodes (module docstring). One host sync, at the end (plus
     whatever the policy does). ``progress``: a rich Progress to add a task to, or a Console for a bar."""
+    run = SegmentPass(env, 1, policy_actions(env, policy))
+    run.start()
+    run.steps(run.per, run.step, label=f"backtest {split}", progress=progress)
+    return assemble(env, {k: v[0] for k, v in run.host().items()}, env.prices.double().cpu().numpy(), split=split,
+                     timestamps=timestamps, segments=run.segments)
+
+
+def policy_actions(env: FuturesEnv, policy: Policy | BarRule) -> Callable[[], Tensor]:
+    """``act()``: the actions ``[E, 3]`` of ``policy`` at the env's current bars."""
     if isinstance(policy, BarRule):
-        def act() -> Tensor:
-            return policy(env.bar)
-    else:
-        def act() -> Tensor:
-            return torch.as_tensor(policy(env.observation()), device=env.device).reshape(env.num_envs, NUM_BRANCHES)
-    host, K = _run_segments(env, 1, act, label=f"backtest {split}", progress=progress)
-    return _assemble(env, {k: v[0] for k, v in host.items()}, env.prices.double().cpu().numpy(), split=split,
-                     timestamps=timestamps, segments=K)
+        return lambda: policy(env.bar)
+    return lambda: torch.as_tensor(policy(env.observation()), device=env.device).reshape(env.num_envs, NUM_BRANCHES)
 
 
-def _run_segments(env: FuturesEnv, groups: int, act: Callable[[], Tensor], *, label: str,
-                  progress: Progress_) -> tuple[dict[str, np.ndarray], int]:
-    """Step a sequential env of ``groups`` x K envs from its first bar to the end of its range: env ``g * K + k``
-    is group g's segment k (each group's segments start where a lone K-env pass starts them), ``act()`` the
-    actions ``[E, 3]`` of the envs' current bars. Returns each group's stitched per-step records on the host
-    (``[groups, steps]`` each: pnl, cost, reward, position, traded, target, exit, bar) and K. One host sync, at
-    the end."""
-    if not env.sequential:
-        raise ValueError("a backtest needs a sequential env (FuturesEnv(..., sequential=True))")
-    steps = env.last_bar - env.first_bar
-    K, per = segment_layout(steps, env.episode_length, env.num_envs // groups)
-    if groups < 1 or K * groups != env.num_envs:
-        raise ValueError(f"an env of {env.num_envs} envs for {groups} group(s) of {K} segments: build it with "
-                         "groups x segment_layout() envs")
-    E = env.num_envs
-    env.reset()
-    offsets = torch.arange(K, device=env.device) * per  # [K] first step of each segment
-    env.bar.copy_(env.first_bar + offsets.repeat(groups))  # [E] each segment starts flat at its first episode's start
-    dtype = env.prices.dtype  # the env's P&L is float32: recorded as such, widened to float64 on the host
-    names = ("pnl", "cost", "reward", "position", "traded")
-    record = {k: torch.empty((per, E), dtype=dtype, device=env.device) for k in names}  # [S, E] each
-    target = torch.empty((per, E), dtype=dtype, device=env.device)
-    exits = torch.empty((per, E), dtype=torch.uint8, device=env.device)
-    bars = torch.empty((per, E), dtype=torch.int64, device=env.device)
-    bar_progress, task, own = _progress(progress, per, label)
-    try:
-        for k in range(per):
-            action = act()  # [E, 3]
-            out = env.step(action)
-            for name in names:
-                record[name][k] = out[name]
-            target[k] = env.position_levels[action[:, 0].long()]
-            exits[k] = out["exit"]
-            bars[k] = out["bar"]
-            if bar_progress is not None:
-                bar_progress.advance(task)
-    finally:
-        if own:
-            bar_progress.stop()
-        elif bar_progress is not None:
-            bar_progress.remove_task(task)
-    # stitch: group g's segment k is column g * K + k; its first min(per, steps - k * per) steps, in order
-    step_of = torch.arange(steps, device=env.device)
-    flat = ((step_of % per) * E + step_of // per)[None, :] + (torch.arange(groups, device=env.device) * K)[:, None]
-    # host sync: the backtest's results ([groups, steps] flat indices into [S, E])
-    host = {k: v.reshape(-1)[flat].double().cpu().numpy() for k, v in record.items()}
-    host["target"] = target.reshape(-1)[flat].double().cpu().numpy()
-    host["exit"] = exits.reshape(-1)[flat].cpu().numpy()
-    host["bar"] = bars.reshape(-1)[flat].cpu().numpy()
-    return host, K
+RECORDS = ("pnl", "cost", "reward", "position", "traded")  # the env's per-step outputs a backtest keeps
 
 
-def _assemble(env: FuturesEnv, host: dict[str, np.ndarray], prices: np.ndarray, *, split: str,
+class SegmentPass:
+    """One pass of a sequential env of ``groups`` x K envs from its first bar to the end of its range: env
+    ``g * K + k`` is group g's segment k (each group's segments start where a lone K-env pass starts them),
+    ``act()`` the actions ``[E, 3]`` of the envs' current bars. The per-step records stay on the device
+    (``[per, E]`` each) until :meth:`host`, the one host sync. :meth:`step` has no host sync and no Python state
+    (the step it writes is a device counter), so it can be captured in a CUDA graph and replayed."""
+
+    def __init__(self, env: FuturesEnv, groups: int, act: Callable[[], Tensor]) -> None:
+        if not env.sequential:
+            raise ValueError("a backtest needs a sequential env (FuturesEnv(..., sequential=True))")
+        self.steps_total = env.last_bar - env.first_bar
+        K, per = segment_layout(self.steps_total, env.episode_length, env.num_envs // groups)
+        if groups < 1 or K * groups != env.num_envs:
+            raise ValueError(f"an env of {env.num_envs} envs for {groups} group(s) of {K} segments: build it with "
+                             "groups x segment_layout() envs")
+        self.env, self.groups, self.act, self.segments, self.per = env, groups, act, K, per
+        E, device = env.num_envs, env.device
+        dtype = env.prices.dtype  # the env's P&L is float32: recorded as such, widened to float64 on the host
+        self.record = {k: torch.empty((per, E), dtype=dtype, device=device) for k in (*RECORDS, "target")}
+        self.record["exit"] = torch.empty((per, E), dtype=torch.uint8, device=device)
+        self.record["bar"] = torch.empty((per, E), dtype=torch.int64, device=device)
+        self.index = torch.zeros((), dtype=torch.int64, device=device)  # the step being written
+        self.first_bars = env.first_bar + (torch.arange(K, device=device) * per).repeat(groups)  # [E]
+
+    def start(self) -> None:
+        """Every env flat at its segment's first episode start; the records written from step 0 again."""
+        self.env.reset()
+        self.env.bar.copy_(self.first_bars)
+        self.index.zero_()
+
+    def step(self) -> None:
+        """act -> env step -> the step's records (at ``index``), then the next index."""
+        env = self.env
+        action = self.act()  # [E, 3]
+        out = env.step(action)
+        row = self.record
+        for name in RECORDS:
+            row[name][self.index] = out[name]
+        row["target"][self.index] = env.position_levels[action[:, 0].long()]
+        row["exit"][self.index] = out["exit"]
+        row["bar"][self.index] = out["bar"]
+        self.index.add_(1)
+
+    @staticmethod
+    def steps(count: int, step: Callable[[], None], *, label: str, progress: Progress_) -> None:
+        """``step()`` ``count`` times under a progress task."""
+        bar_progress, task, own = _progress(progress, count, label)
+        try:
+            for _ in range(count):
+                step()
+                if bar_progress is not None:
+                    bar_progress.advance(task)
+        finally:
+            if own:
+                bar_progress.stop()
+            elif bar_progress is not None:
+                bar_progress.remove_task(task)
+
+    def host(self) -> dict[str, np.ndarray]:
+        """Each group's stitched per-step records on the host (``[groups, steps]`` each: pnl, cost, reward,
+        position, traded, target, exit, bar). One host sync."""
+        steps, per, E, device = self.steps_total, self.per, self.env.num_envs, self.env.device
+        # stitch: group g's segment k is column g * K + k; its first min(per, steps - k * per) steps, in order
+        step_of = torch.arange(steps, device=device)
+        flat = ((step_of % per) * E + step_of // per)[None, :] + (torch.arange(self.groups, device=device)
+                                                                  * self.segments)[:, None]
+        # host sync: the backtest's results ([groups, steps] flat indices into [S, E])
+        return {k: v.reshape(-1)[flat].cpu().numpy() if v.dtype in (torch.uint8, torch.int64)
+                else v.reshape(-1)[flat].double().cpu().numpy() for k, v in self.record.items()}
+
+
+def assemble(env: FuturesEnv, host: dict[str, np.ndarray], prices: np.ndarray, *, split: str,
               timestamps: np.ndarray | None, segments: int) -> Backtest:
     """A Backtest from one policy's stitched per-step records on the host (``[steps]`` each: pnl, cost, reward,
     position, traded, target, exit, bar) and the env's ``prices [T, 4]`` as float64."""
@@ -242,10 +267,13 @@ def run_rule_backtests(
         raise ValueError(f"an env of {env.num_envs} envs for {P} rules: build it with P x K envs")
     table = torch.stack([r.actions.to(env.device) for r in rules])  # [P, T, 3] int64
     rule_of = torch.arange(P, device=env.device).repeat_interleave(env.num_envs // P)  # [E] the rule of each env
-    host, K = _run_segments(env, P, lambda: table[rule_of, env.bar], label=f"rules {split}", progress=progress)
+    run = SegmentPass(env, P, lambda: table[rule_of, env.bar])
+    run.start()
+    run.steps(run.per, run.step, label=f"rules {split}", progress=progress)
+    host = run.host()
     prices = env.prices.double().cpu().numpy()
-    return [_assemble(env, {k: v[p] for k, v in host.items()}, prices, split=split, timestamps=timestamps,
-                      segments=K) for p in range(P)]
+    return [assemble(env, {k: v[p] for k, v in host.items()}, prices, split=split, timestamps=timestamps,
+                      segments=run.segments) for p in range(P)]
 
 
 @dataclass(frozen=True)
@@ -278,7 +306,7 @@ class SplitSizes:
         return segment_layout(s.stop - 1 - market.first_bar(s, self.window), self.episode_length, self.segments)[0]
 
 
-def _split_env(market: Market, split: str, num_envs: int, sizes: SplitSizes, goal: float | None) -> FuturesEnv:
+def split_env(market: Market, split: str, num_envs: int, sizes: SplitSizes, goal: float | None) -> FuturesEnv:
     """A sequential env of ``num_envs`` envs over ``split``, its goal fixed (None: the middle of the training
     goal range)."""
     env = FuturesEnv.from_market(market, split, num_envs=num_envs, window=sizes.window,
@@ -295,7 +323,7 @@ def evaluate_policy(policy: Policy | BarRule, market: Market, split: str, sizes:
     """Backtest ``policy`` over a whole split of ``market`` from its first valid bar to its end, in at most
     ``sizes.segments`` parallel segments. ``goal`` is the target shown in the state (None: the middle of the
     training goal range)."""
-    env = _split_env(market, split, sizes.layout(market, split), sizes, goal)
+    env = split_env(market, split, sizes.layout(market, split), sizes, goal)
     stamps = market.bars["timestamp"].to_numpy()
     return run_backtest(env, policy, split=market.split(split).name, timestamps=stamps, progress=progress)
 
@@ -314,7 +342,7 @@ def evaluate_rules(rules: Sequence[BarRule], market: Market, split: str, sizes: 
     out: list[Backtest] = []
     for first in range(0, len(rules), per_pass):
         chunk = list(rules[first:first + per_pass])
-        env = _split_env(market, split, len(chunk) * count, sizes, goal)
+        env = split_env(market, split, len(chunk) * count, sizes, goal)
         out += run_rule_backtests(env, chunk, split=name, timestamps=stamps, progress=progress)
     return out
 

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 
 from fitdqn.config import Config
-from fitdqn.evaluate.backtest import Backtest, Progress_, evaluate_config, evaluate_rules_config
+from fitdqn.evaluate.backtest import Backtest, Progress_, SplitSizes, evaluate_config, evaluate_rules_config
+from fitdqn.evaluate.backtest_graphs import BacktestGraphs
 from fitdqn.evaluate.baselines import (
     RULES,
     account_size,
@@ -65,12 +66,15 @@ def sharpe_intervals(config: Config, pnl: np.ndarray, baseline: np.ndarray | Non
 
 
 def evaluate_split(learner: Learner, market: Market, config: Config, split: str, *, baselines: bool = True,
-                   progress: Progress_ = None) -> SplitResult:
+                   progress: Progress_ = None, graphs: BacktestGraphs | None = None) -> SplitResult:
     """The greedy agent on one split; with ``baselines``, buy-and-hold, the rules and random (mean over
-    ``train.eval_seeds`` seeds) beside it, and bootstrap intervals on every Sharpe."""
+    ``train.eval_seeds`` seeds) beside it, and bootstrap intervals on every Sharpe. ``graphs``: the agent's
+    backtest as CUDA-graph replays (``graphs.policy`` is ``learner``'s greedy policy)."""
     capital = account_size(market, config, split)
     per_year = market.bars_per_year
-    agent = evaluate_config(greedy_policy(learner), config, split, market=market, progress=progress)
+    agent = (graphs.backtest(market, split, SplitSizes.of_config(config, market), progress=progress)
+             if graphs is not None
+             else evaluate_config(greedy_policy(learner), config, split, market=market, progress=progress))
     hold_pnl = np.diff(agent.buy_and_hold)
     stamps = agent.timestamp
     results: dict[str, Any] = {

@@ -374,7 +374,8 @@ def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, 
             record = {"epoch": stats.epoch, "updates": stats.updates, "seconds": stats.seconds, **stats.values}
             if main and (stats.epoch % config.train.eval_every == 0 or stats.epoch == config.train.epochs):
                 validation = guard.run("evaluation", evaluate_split, trainer.learner, trainer.market_on_device,
-                                       config, "validation", baselines=False, progress=progress).results
+                                       config, "validation", baselines=False, progress=progress,
+                                       graphs=trainer.backtests).results
                 record["validation_sharpe"] = validation["agent"]["sharpe"]
                 record["validation_return"] = validation["agent"]["total_return"]
                 keep_best(trainer, run_dir, record)
@@ -464,7 +465,8 @@ def select_network(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
     config = trainer.config
     candidates = [(r["epoch"], r.get("validation_sharpe")) for r in trainer.history if "validation_sharpe" in r]
     if not candidates or candidates[-1][0] != trainer.epoch:  # the final network was not validated yet
-        final = evaluate_split(trainer.learner, trainer.market_on_device, config, "validation", baselines=False)
+        final = evaluate_split(trainer.learner, trainer.market_on_device, config, "validation", baselines=False,
+                               graphs=trainer.backtests)
         candidates.append((trainer.epoch, final.results["agent"]["sharpe"]))
     final_score = candidates[-1][1]
     best = load_checkpoint(run_dir / BEST_NAME, map_location=trainer.device) if (run_dir / BEST_NAME).is_file() \
@@ -515,7 +517,8 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
         report["fold"] = json.loads(fold.read_text())
     results = {}
     for split in ("validation", "test"):
-        results[split] = evaluate_split(trainer.learner, market, config, split, progress=console)
+        results[split] = evaluate_split(trainer.learner, market, config, split, progress=console,
+                                        graphs=trainer.backtests)
         report[split] = results[split].results
     report["verdict"] = split_verdict(report["test"], config)
     test = results["test"]

@@ -22,6 +22,8 @@ from fitdqn.device.blas import reserve_blas_workspaces
 from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.errors import UserError
+from fitdqn.evaluate.backtest_graphs import BacktestGraphs
+from fitdqn.evaluate.baselines import greedy_policy
 from fitdqn.files import CHECKPOINT_NAME
 from fitdqn.learn.schedule import Schedule, updates_owed
 from fitdqn.market.env import env_state_bytes
@@ -93,6 +95,9 @@ class Trainer:
         self.system = build_system(
             config, self.market, device, capacity=self.plan.budgets.replay_capacity, batch_size=self.batch_size,
             epsilon_decay_steps=self.schedule.epsilon_decay_steps, measure=self.ledger.measure)
+        # the agent's backtests as graph replays, captured into the collector graph's pool (its pages budgeted)
+        self.backtests = BacktestGraphs(greedy_policy(self.learner), self.capture_stream,
+                                        pool=self._collector_pool) if self.graphs_enabled else None
 
     # the system's parts, by name (run, bench, checkpoints and the distributed job read them)
     market_on_device = property(lambda self: self.system.market)
@@ -130,6 +135,9 @@ class Trainer:
         if self.device_info.allocator_limit_bytes is None:
             return 0
         return self.plan.per_sample_bytes * self.batch_size + self.plan.budgets.graph_pool_fixed_bytes
+
+    def _collector_pool(self) -> tuple | None:
+        return self.collector.graph.pool() if self.collector.graph is not None else None
 
     @property
     def graphs_enabled(self) -> bool:
