@@ -70,7 +70,7 @@ class SkillClock:
         cuda_state = torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None
         try:
             result = evaluate_split(trainer.learner, trainer.market_on_device, trainer.config, "test",
-                                    baselines=False)
+                                    baselines=False, graphs=trainer.backtests)
             return result.results["agent"]["sharpe"]
         finally:
             torch.set_rng_state(cpu_state)
