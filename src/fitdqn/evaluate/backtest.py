@@ -186,12 +186,12 @@ class SegmentPass:
         env = self.env
         action = self.act()  # [E, 3]
         out = env.step(action)
-        row = self.record
-        for name in RECORDS:
-            row[name][self.index] = out[name]
-        row["target"][self.index] = env.position_levels[action[:, 0].long()]
-        row["exit"][self.index] = out["exit"]
-        row["bar"][self.index] = out["bar"]
+        values = {name: out[name] for name in (*RECORDS, "exit", "bar")}  # [E] each
+        values["target"] = env.position_levels[action[:, 0].long()]
+        at = self.index.view(1)  # a device index (indexing with a 0-dim tensor would read it on the host)
+        for name, value in values.items():
+            record = self.record[name]
+            record.index_copy_(0, at, value.to(record.dtype).unsqueeze(0))
         self.index.add_(1)
 
     @staticmethod
