@@ -193,7 +193,7 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
         stats = guard.run_epoch()
         # each epoch ends with the run's validation backtest, as `fitdqn train` does (train.eval_every = 1)
         guard.run("evaluation", evaluate_split, trainer.learner, trainer.market_on_device, trainer.config,
-                  "validation", baselines=False)
+                  "validation", baselines=False, graphs=trainer.backtests)
         row.setdefault("epochs", []).append({"updates": stats.updates, "seconds": round(stats.seconds, 3),
                                              "batch": trainer.batch_size})
     torch.cuda.synchronize(device)
@@ -201,7 +201,7 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
     reserved_peak = int(torch.cuda.max_memory_reserved(device))
     planned_allocator = plan.planned_bytes - driver_budget
     row.update(
-        updates_done=trainer.updates_done,
+        updates_done=trainer.updates_done, backtest_pool_growth_bytes=trainer.backtests.grown_bytes,
         allocator_peak_bytes=int(torch.cuda.max_memory_allocated(device)), reserved_peak_bytes=reserved_peak,
         planned_allocator_bytes=planned_allocator, free_drop_bytes=int(free_before - free_after),
         peak_error=(reserved_peak - planned_allocator) / planned_allocator,
