@@ -21,7 +21,7 @@ env). :func:`evaluate_rules` keeps a pass within ``evaluate.segments`` envs (``s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,6 +100,8 @@ class BarRule:
 
 Policy = Callable[[Tensor], Tensor]  # obs [E, W, S] -> actions [E, 3]
 Progress_ = Progress | Console | None
+# (key, build, *, label, progress, keep) -> the pass, run to its end: run_eagerly, or backtest_graphs.BacktestGraphs
+PassRunner = Callable[..., "SegmentPass"]
 
 
 def segment_layout(steps: int, episode_length: int, segments: int) -> tuple[int, int]:
@@ -134,11 +136,24 @@ def run_backtest(
     """Run ``policy`` over a sequential env from its first bar to the end of its range, its ``num_envs``
     envs stepping contiguous segments of whole episodes (module docstring). One host sync, at the end (plus
     whatever the policy does). ``progress``: a rich Progress to add a task to, or a Console for a bar."""
-    run = SegmentPass(env, 1, policy_actions(env, policy))
-    run.start()
-    run.steps(run.per, run.step, label=f"backtest {split}", progress=progress)
+    run = run_eagerly(None, lambda: policy_pass(env, policy), label=f"backtest {split}", progress=progress)
     return assemble(env, {k: v[0] for k, v in run.host().items()}, env.prices.double().cpu().numpy(), split=split,
                      timestamps=timestamps, segments=run.segments)
+
+
+def run_eagerly(key: Hashable, build: Callable[[], SegmentPass], *, label: str, progress: Progress_,
+                keep: object = None) -> SegmentPass:
+    """A :data:`PassRunner`: a new pass (``build()``) stepped eagerly to its end (``key`` and ``keep`` are for
+    runners that keep their passes: ``fitdqn.evaluate.backtest_graphs``)."""
+    run = build()
+    run.start()
+    run.steps(run.per, run.step, label=label, progress=progress)
+    return run
+
+
+def policy_pass(env: FuturesEnv, policy: Policy | BarRule) -> SegmentPass:
+    """A one-group pass of ``policy`` over ``env`` (its random generator, if it has one, reseeded at each start)."""
+    return SegmentPass(env, 1, policy_actions(env, policy), seeded=getattr(policy, "seeded", None))
 
 
 def policy_actions(env: FuturesEnv, policy: Policy | BarRule) -> Callable[[], Tensor]:
@@ -158,7 +173,8 @@ class SegmentPass:
     (``[per, E]`` each) until :meth:`host`, the one host sync. :meth:`step` has no host sync and no Python state
     (the step it writes is a device counter), so it can be captured in a CUDA graph and replayed."""
 
-    def __init__(self, env: FuturesEnv, groups: int, act: Callable[[], Tensor]) -> None:
+    def __init__(self, env: FuturesEnv, groups: int, act: Callable[[], Tensor],
+                 seeded: tuple[torch.Generator, int] | None = None) -> None:
         if not env.sequential:
             raise ValueError("a backtest needs a sequential env (FuturesEnv(..., sequential=True))")
         self.steps_total = env.last_bar - env.first_bar
@@ -167,6 +183,8 @@ class SegmentPass:
             raise ValueError(f"an env of {env.num_envs} envs for {groups} group(s) of {K} segments: build it with "
                              "groups x segment_layout() envs")
         self.env, self.groups, self.act, self.segments, self.per = env, groups, act, K, per
+        self.seeded = seeded  # (the policy's generator, its seed): reseeded at each start
+        self.generators = (env.generator,) + ((seeded[0],) if seeded is not None else ())  # what the step draws from
         E, device = env.num_envs, env.device
         dtype = env.prices.dtype  # the env's P&L is float32: recorded as such, widened to float64 on the host
         self.record = {k: torch.empty((per, E), dtype=dtype, device=device) for k in (*RECORDS, "target")}
@@ -176,7 +194,10 @@ class SegmentPass:
         self.first_bars = env.first_bar + (torch.arange(K, device=device) * per).repeat(groups)  # [E]
 
     def start(self) -> None:
-        """Every env flat at its segment's first episode start; the records written from step 0 again."""
+        """Every env flat at its segment's first episode start; the records written from step 0 again; the
+        policy's generator at its seed."""
+        if self.seeded is not None:
+            self.seeded[0].manual_seed(self.seeded[1])
         self.env.reset()
         self.env.bar.copy_(self.first_bars)
         self.index.zero_()
@@ -262,18 +283,27 @@ def run_rule_backtests(
     stacked ``[P, T, 3]`` action table at (rule p, its bar). Every step is elementwise per env, so each
     returned Backtest (in ``rules`` order) equals rule p's lone :func:`run_backtest` bit for bit. One host
     sync, at the end. Build the env with ``num_envs = P x K`` (:func:`segment_layout`'s K)."""
+    run = run_eagerly(None, lambda: rules_pass(env, rules), label=f"rules {split}", progress=progress)
+    return rule_results(run, split=split, timestamps=timestamps)
+
+
+def rules_pass(env: FuturesEnv, rules: Sequence[BarRule]) -> SegmentPass:
+    """The pass of :func:`run_rule_backtests`: group p is rule p."""
     P = len(rules)
     if P < 1 or env.num_envs % P:
         raise ValueError(f"an env of {env.num_envs} envs for {P} rules: build it with P x K envs")
     table = torch.stack([r.actions.to(env.device) for r in rules])  # [P, T, 3] int64
     rule_of = torch.arange(P, device=env.device).repeat_interleave(env.num_envs // P)  # [E] the rule of each env
-    run = SegmentPass(env, P, lambda: table[rule_of, env.bar])
-    run.start()
-    run.steps(run.per, run.step, label=f"rules {split}", progress=progress)
+    return SegmentPass(env, P, lambda: table[rule_of, env.bar])
+
+
+def rule_results(run: SegmentPass, *, split: str, timestamps: np.ndarray | None) -> list[Backtest]:
+    """One Backtest per group (rule) of a finished rules pass, in order."""
+    env = run.env
     host = run.host()
     prices = env.prices.double().cpu().numpy()
     return [assemble(env, {k: v[p] for k, v in host.items()}, prices, split=split, timestamps=timestamps,
-                      segments=run.segments) for p in range(P)]
+                     segments=run.segments) for p in range(run.groups)]
 
 
 @dataclass(frozen=True)
@@ -319,20 +349,28 @@ def split_env(market: Market, split: str, num_envs: int, sizes: SplitSizes, goal
 
 
 def evaluate_policy(policy: Policy | BarRule, market: Market, split: str, sizes: SplitSizes, *,
-                    goal: float | None = None, progress: Progress_ = None) -> Backtest:
+                    goal: float | None = None, progress: Progress_ = None, runner: PassRunner = run_eagerly,
+                    key: Hashable = None) -> Backtest:
     """Backtest ``policy`` over a whole split of ``market`` from its first valid bar to its end, in at most
     ``sizes.segments`` parallel segments. ``goal`` is the target shown in the state (None: the middle of the
-    training goal range)."""
-    env = split_env(market, split, sizes.layout(market, split), sizes, goal)
-    stamps = market.bars["timestamp"].to_numpy()
-    return run_backtest(env, policy, split=market.split(split).name, timestamps=stamps, progress=progress)
+    training goal range). ``runner``: how the pass runs (eagerly; or graph replays, where ``key`` names the
+    policy: a runner that keeps passes replays the pass it first built under the same key, split and sizes)."""
+    name = market.split(split).name
+    run = runner(None if key is None else ("policy", key, id(market), split, sizes, goal),
+                 lambda: policy_pass(split_env(market, split, sizes.layout(market, split), sizes, goal), policy),
+                 label=f"backtest {name}", progress=progress, keep=market)
+    env = run.env
+    return assemble(env, {k: v[0] for k, v in run.host().items()}, env.prices.double().cpu().numpy(), split=name,
+                    timestamps=market.bars["timestamp"].to_numpy(), segments=run.segments)
 
 
 def evaluate_rules(rules: Sequence[BarRule], market: Market, split: str, sizes: SplitSizes, *,
-                   goal: float | None = None, progress: Progress_ = None) -> list[Backtest]:
+                   goal: float | None = None, progress: Progress_ = None, runner: PassRunner = run_eagerly
+                   ) -> list[Backtest]:
     """:func:`evaluate_policy` for every rule of ``rules`` (in order), the rules batched into passes of
     :func:`run_rule_backtests`: each rule keeps the K segments of its lone backtest, and a pass steps at
-    most ``segments`` envs (``segments // K`` rules; the env state is a few floats per env)."""
+    most ``segments`` envs (``segments // K`` rules; the env state is a few floats per env). A pass is keyed by
+    its rules' names for a ``runner`` that keeps passes."""
     if not rules:
         return []
     count = sizes.layout(market, split)
@@ -342,8 +380,10 @@ def evaluate_rules(rules: Sequence[BarRule], market: Market, split: str, sizes: 
     out: list[Backtest] = []
     for first in range(0, len(rules), per_pass):
         chunk = list(rules[first:first + per_pass])
-        env = split_env(market, split, len(chunk) * count, sizes, goal)
-        out += run_rule_backtests(env, chunk, split=name, timestamps=stamps, progress=progress)
+        run = runner(("rules", tuple(r.name for r in chunk), id(market), split, sizes, goal),
+                     lambda chunk=chunk: rules_pass(split_env(market, split, len(chunk) * count, sizes, goal), chunk),
+                     label=f"rules {name}", progress=progress, keep=market)
+        out += rule_results(run, split=name, timestamps=stamps)
     return out
 
 
@@ -356,12 +396,14 @@ def evaluate_config(
     device=None,
     goal: float | None = None,
     progress: Progress_ = None,
+    runner: PassRunner = run_eagerly,
+    key: Hashable = None,
 ) -> Backtest:
     """:func:`evaluate_policy` with the sizes of a :class:`fitdqn.config.Config`."""
     if market is None:
         market = load_market(config.market, window=config.net.window, device=device)
     return evaluate_policy(policy, market, split, SplitSizes.of_config(config, market), goal=goal,
-                           progress=progress)
+                           progress=progress, runner=runner, key=key)
 
 
 def evaluate_rules_config(
@@ -372,6 +414,8 @@ def evaluate_rules_config(
     market: Market,
     goal: float | None = None,
     progress: Progress_ = None,
+    runner: PassRunner = run_eagerly,
 ) -> list[Backtest]:
     """:func:`evaluate_rules` with the sizes of a :class:`fitdqn.config.Config`, on a loaded ``market``."""
-    return evaluate_rules(rules, market, split, SplitSizes.of_config(config, market), goal=goal, progress=progress)
+    return evaluate_rules(rules, market, split, SplitSizes.of_config(config, market), goal=goal, progress=progress,
+                          runner=runner)

@@ -47,6 +47,7 @@ def random_policy(branches: tuple[int, ...], seed: int, device: torch.device):
         u = torch.rand((obs.shape[0], len(branches)), generator=generator, device=device)
         return (u * high).long()
 
+    act.seeded = (generator, seed)  # a backtest pass reseeds it at each start (the same draws every run)
     return act
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from fitdqn.config import Config
-from fitdqn.evaluate.backtest import Backtest, Progress_, SplitSizes, evaluate_config, evaluate_rules_config
+from fitdqn.evaluate.backtest import Backtest, Progress_, evaluate_config, evaluate_rules_config, run_eagerly
 from fitdqn.evaluate.backtest_graphs import BacktestGraphs
 from fitdqn.evaluate.baselines import (
     RULES,
@@ -68,13 +68,13 @@ def sharpe_intervals(config: Config, pnl: np.ndarray, baseline: np.ndarray | Non
 def evaluate_split(learner: Learner, market: Market, config: Config, split: str, *, baselines: bool = True,
                    progress: Progress_ = None, graphs: BacktestGraphs | None = None) -> SplitResult:
     """The greedy agent on one split; with ``baselines``, buy-and-hold, the rules and random (mean over
-    ``train.eval_seeds`` seeds) beside it, and bootstrap intervals on every Sharpe. ``graphs``: the agent's
-    backtest as CUDA-graph replays (``graphs.policy`` is ``learner``'s greedy policy)."""
+    ``train.eval_seeds`` seeds) beside it, and bootstrap intervals on every Sharpe. ``graphs``: every backtest
+    a CUDA-graph replay (one ``graphs`` per learner: its key ``agent`` is this learner's greedy policy)."""
     capital = account_size(market, config, split)
     per_year = market.bars_per_year
-    agent = (graphs.backtest(market, split, SplitSizes.of_config(config, market), progress=progress)
-             if graphs is not None
-             else evaluate_config(greedy_policy(learner), config, split, market=market, progress=progress))
+    runner = graphs if graphs is not None else run_eagerly
+    agent = evaluate_config(greedy_policy(learner), config, split, market=market, progress=progress, runner=runner,
+                            key="agent")
     hold_pnl = np.diff(agent.buy_and_hold)
     stamps = agent.timestamp
     results: dict[str, Any] = {
@@ -94,8 +94,9 @@ def evaluate_split(learner: Learner, market: Market, config: Config, split: str,
         pnl[BUY_AND_HOLD] = hold_pnl
         positions[BUY_AND_HOLD] = np.full_like(hold_pnl, float(agent.hold_contracts))
         rules = rule_policies(market, config, per_year)
-        for name, backtest in zip(rules, evaluate_rules_config(list(rules.values()), config, split, market=market),
-                                  strict=True):  # the rules in one pass (each bit for bit its own backtest)
+        # the rules in one pass (each bit for bit its own backtest)
+        passes = evaluate_rules_config(list(rules.values()), config, split, market=market, runner=runner)
+        for name, backtest in zip(rules, passes, strict=True):
             pnl[name], positions[name] = backtest.pnl, backtest.position
     results["policies"] = list(pnl) + ([RANDOM] if baselines and config.train.eval_seeds > 0 else [])
     for name in pnl:
@@ -105,7 +106,8 @@ def evaluate_split(learner: Learner, market: Market, config: Config, split: str,
                                               per_year)
     if baselines and config.train.eval_seeds > 0:
         runs = [evaluate_config(random_policy(config.net.branches, 1000 + s, market.device), config, split,
-                                market=market) for s in range(config.train.eval_seeds)]
+                                market=market, runner=runner, key=f"random {s}")
+                for s in range(config.train.eval_seeds)]
         metrics = [trading_metrics(r.pnl, r.position, capital, per_year).to_json() for r in runs]
         numeric = [k for k, v in metrics[0].items() if isinstance(v, (int, float)) or v is None]
         results[RANDOM] = {k: _mean([m[k] for m in metrics]) for k in numeric}

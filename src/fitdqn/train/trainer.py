@@ -23,7 +23,6 @@ from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.errors import UserError
 from fitdqn.evaluate.backtest_graphs import BacktestGraphs
-from fitdqn.evaluate.baselines import greedy_policy
 from fitdqn.files import CHECKPOINT_NAME
 from fitdqn.learn.schedule import Schedule, updates_owed
 from fitdqn.market.env import env_state_bytes
@@ -95,9 +94,8 @@ class Trainer:
         self.system = build_system(
             config, self.market, device, capacity=self.plan.budgets.replay_capacity, batch_size=self.batch_size,
             epsilon_decay_steps=self.schedule.epsilon_decay_steps, measure=self.ledger.measure)
-        # the agent's backtests as graph replays, captured into the collector graph's pool (its pages budgeted)
-        self.backtests = BacktestGraphs(greedy_policy(self.learner), self.capture_stream,
-                                        pool=self._collector_pool) if self.graphs_enabled else None
+        # the backtests as graph replays, captured into the collector graph's pool (its pages budgeted)
+        self.backtests = BacktestGraphs(self.capture_stream, pool=self._collector_pool) if self.graphs_enabled else None
 
     # the system's parts, by name (run, bench, checkpoints and the distributed job read them)
     market_on_device = property(lambda self: self.system.market)
