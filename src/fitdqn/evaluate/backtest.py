@@ -11,6 +11,11 @@ matmul, which can flip a near-tie). A random policy draws different numbers at a
 ``evaluate.segments`` caps K (memory: K observations and one forward at batch K per step); K = 1 is the plain
 sequential pass. The per-step records stay on the device until one host sync at the end.
 
+A pass (:class:`SegmentPass`) is the env, its records and a step with no host sync (act -> env step -> the
+records at a device counter); a :data:`PassRunner` runs it to its end: :func:`run_eagerly`, or
+:class:`fitdqn.evaluate.backtest_graphs.BacktestGraphs`, which keeps each pass under a key and replays its step
+as a CUDA graph.
+
 Rules (:class:`BarRule`, their actions per bar decided in advance) are batched further:
 :func:`run_rule_backtests` steps P rules' K segments each as the P x K envs of one env, every env's action
 looked up in the stacked ``[P, T, 3]`` action table at (its rule, its bar), and splits the records back into
@@ -137,8 +142,7 @@ def run_backtest(
     envs stepping contiguous segments of whole episodes (module docstring). One host sync, at the end (plus
     whatever the policy does). ``progress``: a rich Progress to add a task to, or a Console for a bar."""
     run = run_eagerly(None, lambda: policy_pass(env, policy), label=f"backtest {split}", progress=progress)
-    return assemble(env, {k: v[0] for k, v in run.host().items()}, env.prices.double().cpu().numpy(), split=split,
-                     timestamps=timestamps, segments=run.segments)
+    return pass_results(run, split=split, timestamps=timestamps)[0]
 
 
 def run_eagerly(key: Hashable, build: Callable[[], SegmentPass], *, label: str, progress: Progress_,
@@ -243,7 +247,7 @@ class SegmentPass:
                 else v.reshape(-1)[flat].double().cpu().numpy() for k, v in self.record.items()}
 
 
-def assemble(env: FuturesEnv, host: dict[str, np.ndarray], prices: np.ndarray, *, split: str,
+def _assemble(env: FuturesEnv, host: dict[str, np.ndarray], prices: np.ndarray, *, split: str,
               timestamps: np.ndarray | None, segments: int) -> Backtest:
     """A Backtest from one policy's stitched per-step records on the host (``[steps]`` each: pnl, cost, reward,
     position, traded, target, exit, bar) and the env's ``prices [T, 4]`` as float64."""
@@ -284,7 +288,7 @@ def run_rule_backtests(
     returned Backtest (in ``rules`` order) equals rule p's lone :func:`run_backtest` bit for bit. One host
     sync, at the end. Build the env with ``num_envs = P x K`` (:func:`segment_layout`'s K)."""
     run = run_eagerly(None, lambda: rules_pass(env, rules), label=f"rules {split}", progress=progress)
-    return rule_results(run, split=split, timestamps=timestamps)
+    return pass_results(run, split=split, timestamps=timestamps)
 
 
 def rules_pass(env: FuturesEnv, rules: Sequence[BarRule]) -> SegmentPass:
@@ -297,12 +301,12 @@ def rules_pass(env: FuturesEnv, rules: Sequence[BarRule]) -> SegmentPass:
     return SegmentPass(env, P, lambda: table[rule_of, env.bar])
 
 
-def rule_results(run: SegmentPass, *, split: str, timestamps: np.ndarray | None) -> list[Backtest]:
-    """One Backtest per group (rule) of a finished rules pass, in order."""
+def pass_results(run: SegmentPass, *, split: str, timestamps: np.ndarray | None) -> list[Backtest]:
+    """One Backtest per group of a finished pass (per rule of a rules pass), in order."""
     env = run.env
     host = run.host()
     prices = env.prices.double().cpu().numpy()
-    return [assemble(env, {k: v[p] for k, v in host.items()}, prices, split=split, timestamps=timestamps,
+    return [_assemble(env, {k: v[p] for k, v in host.items()}, prices, split=split, timestamps=timestamps,
                      segments=run.segments) for p in range(run.groups)]
 
 
@@ -359,9 +363,7 @@ def evaluate_policy(policy: Policy | BarRule, market: Market, split: str, sizes:
     run = runner(None if key is None else ("policy", key, id(market), split, sizes, goal),
                  lambda: policy_pass(split_env(market, split, sizes.layout(market, split), sizes, goal), policy),
                  label=f"backtest {name}", progress=progress, keep=market)
-    env = run.env
-    return assemble(env, {k: v[0] for k, v in run.host().items()}, env.prices.double().cpu().numpy(), split=name,
-                    timestamps=market.bars["timestamp"].to_numpy(), segments=run.segments)
+    return pass_results(run, split=name, timestamps=market.bars["timestamp"].to_numpy())[0]
 
 
 def evaluate_rules(rules: Sequence[BarRule], market: Market, split: str, sizes: SplitSizes, *,
@@ -383,7 +385,7 @@ def evaluate_rules(rules: Sequence[BarRule], market: Market, split: str, sizes: 
         run = runner(("rules", tuple(r.name for r in chunk), id(market), split, sizes, goal),
                      lambda chunk=chunk: rules_pass(split_env(market, split, len(chunk) * count, sizes, goal), chunk),
                      label=f"rules {name}", progress=progress, keep=market)
-        out += rule_results(run, split=name, timestamps=stamps)
+        out += pass_results(run, split=name, timestamps=stamps)
     return out
 
 
