@@ -501,7 +501,8 @@ AUTO_NUM_ENVS = {"cuda": 4096, "cpu": 32}
 # 16384); more passes over the 4,200 training bars of the synthetic market made the validation Sharpe fall
 AUTO_STEPS_PER_EPOCH = {"cuda": 16, "cpu": 64}
 # train.eval_every = 0: on the H200 the default run's validation Sharpe peaks and falls between the every-5-epoch
-# backtests; validating every epoch (about 1 s a backtest there) lets validation choose from all 20 (BENCHMARKS.md)
+# backtests; validating every epoch (a CUDA-graph replay there: a few ms) lets validation choose from all 20
+# (BENCHMARKS.md); on the CPU an eager backtest of the validation split takes about 0.5 s
 AUTO_EVAL_EVERY = {"cuda": 1, "cpu": 5}
 # net.size = 'small': the widths of a net that a 2-core CPU trains at ~10 updates/s at batch 256 (the full
 # widths: ~1 update/s, too slow to learn in minutes); on the H200 (batch 16384, 3 seeds) they also beat the full
