@@ -2,20 +2,21 @@
 
 A backtest steps a few envs (one per segment) for a few hundred bars, and each eager step is a few hundred
 small kernel launches (a network's forward at batch K or a rule's table look-up, the env's step, the records):
-about 1 s a backtest on an H200 whatever the GPU, the launches' cost. :class:`BacktestGraphs` is a
+about 1.5 s a backtest on an H200, bound by the launches, not by the GPU. :class:`BacktestGraphs` is a
 :data:`~fitdqn.evaluate.backtest.PassRunner` that keeps each pass it builds under its key (the policy's name, the
 market, the split, the sizes): the pass's step (:meth:`~fitdqn.evaluate.backtest.SegmentPass.step`: act -> env
 step -> records at a device counter) is captured at its first run and replayed ``per`` times at every later one,
 the env reset in place (and the policy's generator reseeded) before each. A network's graph reads its parameters
 where they live, so a later backtest backtests the network as it is then (the optimizer updates it in place).
-Every replay is the eager step's kernels with the eager step's random offsets: the results are the eager pass's.
+A replay launches the eager step's kernels with the eager step's random offsets, so the results are the eager
+pass's (``tests/evaluate/test_backtest_graphs.py``, bit for bit on an H200).
 
 Memory: each graph is captured into ``pool()``, the collector graph's private pool. The collector's step at
 ``collect.num_envs`` envs runs the same observe -> act -> env step at a batch at least a backtest's K, and its
 graph's intermediates are free between its replays, so a backtest's step takes its blocks from pages the plan
 already holds for the collector (:func:`fitdqn.plan.build.collector_component`). ``grown_bytes`` says how much the
-captures grew that pool anyway (0 for the default config on every card of ``benchmarks/budget_sweep.py``). The
-graphs never run at once (one stream), which is what sharing a pool asks.
+captures grew that pool anyway (0 for a default run on the H200, and for the validation graph on every card of
+``benchmarks/budget_sweep.py``). The graphs never run at once (one stream), which is what sharing a pool asks.
 """
 
 from __future__ import annotations
