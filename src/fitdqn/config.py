@@ -208,6 +208,10 @@ class MarketConfig:
                        "times market.reward_scale", choices=("pnl", "vol"))
     reward_scale: float = knob(0.0, "0 = derived from the training split (market.reward_support_sigmas); "
                                "a positive value is used as given", ge=0)
+    risk_penalty: float = knob(0.0, "mean-variance reward for training: each step's reward r becomes "
+                               "r - risk_penalty x r^2, so the best position grows with the expected return over "
+                               "its variance instead of always being the largest; 0 = off (backtests report P&L "
+                               "either way)", ge=0)
     reward_support_sigmas: float = knob(
         4.0, "derived reward scale: the C51 support's half-width (net.v_max) holds this many standard deviations "
         "of the full-position discounted return (learn.gamma) on the training split", gt=0)

@@ -331,6 +331,41 @@ def test_vol_reward_is_pnl_over_the_decision_bars_atr():
     assert out["reward"].item() == pytest.approx(out["pnl"].item() / (4.0 * 50) * 0.5)
 
 
+def test_risk_penalty_takes_the_squared_reward_off_each_step_and_leaves_the_pnl():
+    """market.risk_penalty = k: the step's reward r becomes r - k r^2 (mean-variance utility); P&L and the next
+    state are those of the plain env, but for the reward so far (``achieved``: the penalised rewards' sum)."""
+    bars = [FLAT_BAR, (100.5, 102.0, 100.0, 101.5), (101.0, 103.0, 100.5, 102.5)]
+    prices = torch.tensor(bars, dtype=torch.float32)
+    atr = torch.tensor([2.0, 4.0, 4.0])
+
+    def env_with(penalty: float) -> FuturesEnv:
+        return FuturesEnv(prices, atr, torch.zeros(3, NUM_FEATURES), TEST_CONTRACT, first_bar=0, stop_bar=3,
+                          risk_penalty=penalty, **env_options(window=1, episode_length=2, reward_scale=0.5,
+                                                              reward="vol"))
+
+    plain, averse = env_with(0.0), env_with(0.3)
+    achieved = AGENT_FIELDS.index("achieved")
+    total = 0.0
+    first = True
+    for action in (act(LONG2, 0, 0), act(SHORT1, 0, 0)):
+        a, b = plain.step(action), averse.step(action)
+        r = a["reward"].item()
+        if first:  # long 2 from flat: 2 contracts x (close - open - slippage) x 50 - 2 commissions, over ATR 2 x 50
+            assert r == pytest.approx((2 * (101.5 - 100.5 - 0.25) * 50 - 2 * 2.5) / (2.0 * 50) * 0.5)
+            first = False
+        assert b["reward"].item() == pytest.approx(r - 0.3 * r * r)
+        assert b["pnl"].item() == a["pnl"].item()
+        total += b["reward"].item()
+        assert b["next_agent"][0, achieved].item() == pytest.approx(total)
+        others = [i for i in range(len(AGENT_FIELDS)) if i != achieved]
+        torch.testing.assert_close(b["next_agent"][:, others], a["next_agent"][:, others])
+    config = with_overrides(Config(), {"market.data": "synthetic", "market.risk_penalty": 0.25,
+                                       "market.reward_scale": 1.0})
+    assert FuturesEnv.from_config(config, "train", num_envs=2).risk_penalty == 0.25
+    with pytest.raises(UserError, match="risk_penalty"):
+        env_with(-0.1)
+
+
 def test_derived_reward_scale_puts_returns_inside_the_support():
     """market.reward_scale = 0: the full-position discounted return on the training split has std
     v_max / reward_support_sigmas (recomputed here from the close prices); with the old typed-in 1e-3, 17 % of

@@ -233,6 +233,7 @@ class FuturesEnv:
         sequential: bool = False,
         goal_range: tuple[float, float] | None = None,
         goal_unit: float | None = None,
+        risk_penalty: float = 0.0,
         device=None,
     ) -> None:
         device = torch.device(device) if device is not None else features.device
@@ -278,6 +279,9 @@ class FuturesEnv:
                             "fitdqn.market.env.resolve_reward(config, market) first")
         self.reward_scale = float(reward_scale)
         self.reward_mode = reward
+        if not risk_penalty >= 0:
+            raise UserError(f"market.risk_penalty must be at least 0, got {risk_penalty}")
+        self.risk_penalty = float(risk_penalty)  # reward r -> r - risk_penalty x r^2 (0: the plain reward)
         self.sequential = bool(sequential)
         self.contract = contract
         self.first_bar = int(first_bar)
@@ -369,6 +373,7 @@ class FuturesEnv:
             seed=config.train.seed if seed is None else seed,
             sequential=sequential,
             goal_unit=goal_unit,
+            risk_penalty=m.risk_penalty,
         )
 
     # ------------------------------------------------------------------------------------------ contract
@@ -486,6 +491,8 @@ class FuturesEnv:
         unit = (self.reward_scale / (atr0.clamp(min=self.tick) * self.multiplier) if self.reward_mode == "vol"
                 else self.reward_scale)  # [E] or a float
         reward = pnl * unit
+        if self.risk_penalty > 0:  # a Python float fixed at construction: mean-variance utility of the step
+            reward = reward - self.risk_penalty * reward * reward
 
         # average entry price and time in trade of what is held after the step
         fill_px = o1 + torch.sign(trade) * self.slip
