@@ -340,8 +340,8 @@ def test_risk_penalty_takes_the_squared_reward_off_each_step_and_leaves_the_pnl(
 
     def env_with(penalty: float) -> FuturesEnv:
         return FuturesEnv(prices, atr, torch.zeros(3, NUM_FEATURES), TEST_CONTRACT, first_bar=0, stop_bar=3,
-                          risk_penalty=penalty, **env_options(window=1, episode_length=2, reward_scale=0.5,
-                                                              reward="vol"))
+                          **env_options(window=1, episode_length=2, reward_scale=0.5, reward="vol",
+                                        risk_penalty=penalty))
 
     plain, averse = env_with(0.0), env_with(0.3)
     achieved = AGENT_FIELDS.index("achieved")

@@ -320,6 +320,7 @@ class SplitSizes:
     max_contracts: int
     reward_scale: float
     reward: str
+    risk_penalty: float
     branches: Sequence[int]
     segments: int
 
@@ -331,7 +332,8 @@ class SplitSizes:
             config, _ = resolve_reward(config, market)
         m = config.market
         return cls(window=config.net.window, episode_length=m.episode_length, max_contracts=m.max_contracts,
-                   reward_scale=m.reward_scale, reward=m.reward, branches=config.net.branches,
+                   reward_scale=m.reward_scale, reward=m.reward, risk_penalty=m.risk_penalty,
+                   branches=config.net.branches,
                    segments=config.evaluate.segments)
 
     def layout(self, market: Market, split: str) -> int:
@@ -345,7 +347,8 @@ def split_env(market: Market, split: str, num_envs: int, sizes: SplitSizes, goal
     goal range)."""
     env = FuturesEnv.from_market(market, split, num_envs=num_envs, window=sizes.window,
                                  episode_length=sizes.episode_length, max_contracts=sizes.max_contracts,
-                                 reward_scale=sizes.reward_scale, reward=sizes.reward, branches=sizes.branches,
+                                 reward_scale=sizes.reward_scale, reward=sizes.reward,
+                                 risk_penalty=sizes.risk_penalty, branches=sizes.branches,
                                  sequential=True, seed=0)  # a sequential env draws no start bars; the goal is set below
     g = 0.5 * (env.goal_range[0] + env.goal_range[1]) if goal is None else float(goal)
     env.goal_range = (g, g)

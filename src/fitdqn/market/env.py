@@ -227,13 +227,13 @@ class FuturesEnv:
         max_contracts: int,
         reward_scale: float,
         reward: str,
+        risk_penalty: float,
         branches: Sequence[int],
         seed: int,
         stop_bar: int | None = None,
         sequential: bool = False,
         goal_range: tuple[float, float] | None = None,
         goal_unit: float | None = None,
-        risk_penalty: float = 0.0,
         device=None,
     ) -> None:
         device = torch.device(device) if device is not None else features.device
