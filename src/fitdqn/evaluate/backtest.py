@@ -151,12 +151,14 @@ def run_eagerly(key: Hashable, build: Callable[[], SegmentPass], *, label: str, 
     runners that keep their passes: ``fitdqn.evaluate.backtest_graphs``)."""
     run = build()
     run.start()
-    run.steps(run.per, run.step, label=label, progress=progress)
+    run_steps(run.per, run.step, label=label, progress=progress)
     return run
 
 
 def policy_pass(env: FuturesEnv, policy: Policy | BarRule) -> SegmentPass:
-    """A one-group pass of ``policy`` over ``env`` (its random generator, if it has one, reseeded at each start)."""
+    """A one-group pass of ``policy`` over ``env``. A policy that draws random numbers says so with a ``seeded``
+    attribute, ``(generator, seed)`` (``fitdqn.evaluate.baselines.random_policy``): the pass reseeds it at each
+    start and a graph capture registers the generator."""
     return SegmentPass(env, 1, policy_actions(env, policy), seeded=getattr(policy, "seeded", None))
 
 
@@ -219,21 +221,6 @@ class SegmentPass:
             record.index_copy_(0, at, value.to(record.dtype).unsqueeze(0))
         self.index.add_(1)
 
-    @staticmethod
-    def steps(count: int, step: Callable[[], None], *, label: str, progress: Progress_) -> None:
-        """``step()`` ``count`` times under a progress task."""
-        bar_progress, task, own = _progress(progress, count, label)
-        try:
-            for _ in range(count):
-                step()
-                if bar_progress is not None:
-                    bar_progress.advance(task)
-        finally:
-            if own:
-                bar_progress.stop()
-            elif bar_progress is not None:
-                bar_progress.remove_task(task)
-
     def host(self) -> dict[str, np.ndarray]:
         """Each group's stitched per-step records on the host (``[groups, steps]`` each: pnl, cost, reward,
         position, traded, target, exit, bar). One host sync."""
@@ -245,6 +232,22 @@ class SegmentPass:
         # host sync: the backtest's results ([groups, steps] flat indices into [S, E])
         return {k: v.reshape(-1)[flat].cpu().numpy() if v.dtype in (torch.uint8, torch.int64)
                 else v.reshape(-1)[flat].double().cpu().numpy() for k, v in self.record.items()}
+
+
+def run_steps(count: int, step: Callable[[], None], *, label: str, progress: Progress_) -> None:
+    """``step()`` ``count`` times under a progress task (``progress``: a rich Progress, a Console for a bar, or
+    None)."""
+    bar_progress, task, own = _progress(progress, count, label)
+    try:
+        for _ in range(count):
+            step()
+            if bar_progress is not None:
+                bar_progress.advance(task)
+    finally:
+        if own:
+            bar_progress.stop()
+        elif bar_progress is not None:
+            bar_progress.remove_task(task)
 
 
 def _assemble(env: FuturesEnv, host: dict[str, np.ndarray], prices: np.ndarray, *, split: str,

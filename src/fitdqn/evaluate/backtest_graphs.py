@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable
 import torch
 
 from fitdqn.device.graphs import capture_graph, pool_bytes
-from fitdqn.evaluate.backtest import Progress_, SegmentPass, run_eagerly
+from fitdqn.evaluate.backtest import Progress_, SegmentPass, run_eagerly, run_steps
 
 WARMUP = 2  # eager steps before the capture (each a real step of the first run)
 
@@ -57,7 +57,7 @@ class BacktestGraphs:
             graph = self._capture(run) if run.per >= WARMUP + 2 else None
             self.passes[key] = (keep, run, graph)
             done = WARMUP if graph is not None else 0
-        run.steps(run.per - done, graph.replay if graph is not None else run.step, label=label, progress=progress)
+        run_steps(run.per - done, graph.replay if graph is not None else run.step, label=label, progress=progress)
         return run
 
     def _capture(self, run: SegmentPass) -> torch.cuda.CUDAGraph:

@@ -9,8 +9,14 @@ import numpy as np
 import pandas as pd
 
 from fitdqn.config import Config
-from fitdqn.evaluate.backtest import Backtest, Progress_, evaluate_config, evaluate_rules_config, run_eagerly
-from fitdqn.evaluate.backtest_graphs import BacktestGraphs
+from fitdqn.evaluate.backtest import (
+    Backtest,
+    PassRunner,
+    Progress_,
+    evaluate_config,
+    evaluate_rules_config,
+    run_eagerly,
+)
 from fitdqn.evaluate.baselines import (
     RULES,
     account_size,
@@ -66,10 +72,11 @@ def sharpe_intervals(config: Config, pnl: np.ndarray, baseline: np.ndarray | Non
 
 
 def evaluate_split(learner: Learner, market: Market, config: Config, split: str, *, baselines: bool = True,
-                   progress: Progress_ = None, graphs: BacktestGraphs | None = None) -> SplitResult:
+                   progress: Progress_ = None, graphs: PassRunner | None = None) -> SplitResult:
     """The greedy agent on one split; with ``baselines``, buy-and-hold, the rules and random (mean over
-    ``train.eval_seeds`` seeds) beside it, and bootstrap intervals on every Sharpe. ``graphs``: every backtest
-    a CUDA-graph replay (one ``graphs`` per learner: its key ``agent`` is this learner's greedy policy)."""
+    ``train.eval_seeds`` seeds) beside it, and bootstrap intervals on every Sharpe. ``graphs``: a runner that
+    keeps its passes (``fitdqn.evaluate.backtest_graphs.BacktestGraphs``: every backtest a CUDA-graph replay; one
+    per learner, its key ``agent`` is this learner's greedy policy); None runs every pass eagerly."""
     capital = account_size(market, config, split)
     per_year = market.bars_per_year
     runner = graphs if graphs is not None else run_eagerly
