@@ -123,19 +123,21 @@ def profile(functions: dict[str, Callable[[], None]], device: torch.device) -> N
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=45, max_name_column_width=70))
 
 
-def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool) -> list[dict]:
+def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool, fused: bool = False) -> list[dict]:
+    """fitdqn's buffer: eager, graphed, compiled + graphed; with ``fused`` the draw and the priority update are the
+    Triton operators (``fitdqn.ops.prioritized``), and compiling touches only the gather."""
     rows = []
     spec = transition_spec(args.agent_dim)
     buffer = ReplayBuffer(
         spec, capacity, args.num_envs, n_step=3, gamma=0.99, episode_length=args.episode_length,
         goal_column=GOAL_COLUMN, goal_reward=goal_reward, prioritized=prioritized, alpha=0.6, priority_eps=1e-6,
-        her=True, her_k=4, tree_fanout=args.fanout, compile=False, device=device,
+        her=True, her_k=4, tree_fanout=args.fanout, compile=False, fused=fused, device=device,
     )
     generator = torch.Generator(device).manual_seed(0)
     fill(buffer, args.episode_length, args.agent_dim, generator)
-    beta = torch.tensor(0.4, device=device)
+    beta = torch.tensor(0.4, device=device, dtype=torch.float64)
     step = replay_step(buffer, args.batch, beta)
-    name = f"fitdqn {'prioritized' if prioritized else 'uniform'}"
+    name = f"fitdqn {'prioritized' if prioritized else 'uniform'}{' (fused draw + update)' if fused else ''}"
     modes = [("eager", step)]
     if device.type == "cuda" and not args.no_graph:
         try:
@@ -157,8 +159,8 @@ def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool) -
     if args.parts and prioritized:
         index = buffer.sample(args.batch, beta)["index"]
         parts = {
-            "tree descent": lambda: buffer.sampler.locate_fn(torch.rand(args.batch, device=device,
-                                                                        dtype=torch.float64)),
+            "draw (descent + weights)": lambda: buffer.sampler.draw(
+                torch.rand(args.batch, device=device, dtype=torch.float64), beta),
             "sample (all)": lambda: buffer.sample(args.batch, beta),
             "gather (n-step+HER)": lambda: buffer.gather(index),
             "update priorities": lambda: buffer.update_priorities(index, torch.ones_like(index,
@@ -172,7 +174,8 @@ def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool) -
                 except Exception:
                     fn_graph = fn
             seconds = time_loop(fn_graph, args.iters, args.warmup, device)
-            label = f"  part: {part}{' (compiled)' if buffer.compiled else ''}"
+            how = ", ".join([*(["fused"] if fused else []), *(["compiled"] if buffer.compiled else [])])
+            label = f"  part: {part}{f' ({how})' if how else ''}"
             rows.append({"impl": label, "mode": "cuda graph" if fn_graph is not fn else "eager",
                          "capacity": capacity, "batch": args.batch, "ms_per_iter": seconds * 1e3,
                          "samples_per_s": args.batch / seconds})
@@ -280,7 +283,7 @@ def bench_plain(args, capacity: int, device: torch.device) -> list[dict]:
     buffer = ReplayBuffer(
         spec, capacity, args.num_envs, n_step=3, gamma=0.99, episode_length=args.episode_length,
         goal_column=GOAL_COLUMN, goal_reward=goal_reward, prioritized=True, alpha=0.6, priority_eps=1e-6, her=True,
-        her_k=4, tree_fanout=args.fanout, compile=False, device=device,
+        her_k=4, tree_fanout=args.fanout, compile=False, fused=False, device=device,
     )
     fill(buffer, args.episode_length, args.agent_dim, torch.Generator(device).manual_seed(0))
     plain = PlainPrioritizedReplay(buffer.storage.fields, buffer.storage.written, buffer.num_envs,
@@ -320,8 +323,8 @@ def check_against_cpu(args, device: torch.device) -> dict:
     spec, num_envs, capacity = transition_spec(args.agent_dim), 64, 64 * 40
     kwargs = dict(n_step=3, gamma=0.99, episode_length=16, goal_column=GOAL_COLUMN, goal_reward=goal_reward,
                   prioritized=True, alpha=0.6, priority_eps=1e-6, her=True, her_k=4, tree_fanout=8)
-    cpu = ReplayBuffer(spec, capacity, num_envs, device="cpu", compile=False, **kwargs)
-    dev = ReplayBuffer(spec, capacity, num_envs, device=device, compile=True, **kwargs)
+    cpu = ReplayBuffer(spec, capacity, num_envs, device="cpu", compile=False, fused=False, **kwargs)
+    dev = ReplayBuffer(spec, capacity, num_envs, device=device, compile=True, fused=False, **kwargs)
     fill(cpu, 16, args.agent_dim, torch.Generator().manual_seed(0))
     for t in range(cpu.storage.steps):
         rows = {name: field[t * num_envs:(t + 1) * num_envs] for name, field in cpu.storage.fields.items()}
@@ -420,6 +423,8 @@ def main() -> None:
     parser.add_argument("--no-torchrl", action="store_true", help="skip the TorchRL rows")
     parser.add_argument("--no-fitdqn", action="store_true", help="skip fitdqn's rows")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain-torch sum tree rows")
+    parser.add_argument("--no-fused", action="store_true",
+                        help="skip fitdqn's fused draw + update rows (the Triton operators, CUDA only)")
     parser.add_argument("--parts", action="store_true", help="also time descent / gather / update alone")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile + CUDA graph rows")
     parser.add_argument("--profile", action="store_true", help="print kernel tables (torch.profiler)")
@@ -438,6 +443,9 @@ def main() -> None:
         capacity -= capacity % args.num_envs
         if not args.no_fitdqn:
             results += bench_fitdqn(args, capacity, device, prioritized=True)
+            if device.type == "cuda" and not args.no_fused:
+                torch.cuda.empty_cache()
+                results += bench_fitdqn(args, capacity, device, prioritized=True, fused=True)
         if not args.no_plain:
             results += bench_plain(args, capacity, device)
             if device.type == "cuda":

@@ -108,9 +108,10 @@ class NetConfig:
         16, "quantiles per chunk in the chunked IQN head (smaller: less activation memory, more kernels)", ge=1
     )
     kernels: str = knob(
-        "auto", "kernels of the IQN head, attention core and quantile Huber loss: 'auto' (Triton when the target "
-        "device is CUDA and Triton is installed, else 'torch'), 'triton' (fused operators; plain maths on the "
-        "CPU), 'torch' (plain PyTorch ops: chunked IQN head, elementwise attention, closed-form loss)",
+        "auto", "kernels of the IQN head, attention core, quantile Huber loss and prioritized replay's draw and "
+        "update: 'auto' (Triton when the target device is CUDA and Triton is installed, else 'torch'), 'triton' "
+        "(fused operators; plain maths on the CPU), 'torch' (plain PyTorch ops: chunked IQN head, elementwise "
+        "attention, closed-form loss, the replay's draw op by op)",
         choices=("auto", "triton", "torch"),
     )
     iql_hidden: int = knob(128, "IQL value net width (state -> h -> h -> 1)", ge=1)

@@ -6,6 +6,8 @@ it), and beside it, in ``<op>_triton.py``, the Triton kernel, imported on first 
 - :mod:`fitdqn.ops.attention`: the last-token attention core (``fitdqn::last_token_attention`` and its backward);
 - :mod:`fitdqn.ops.projection`: C51's projection (``fitdqn::categorical_projection``);
 - :mod:`fitdqn.ops.quantile_huber`: IQN's quantile Huber loss (``fitdqn::quantile_huber``);
+- :mod:`fitdqn.ops.prioritized`: prioritized replay's draw (``fitdqn::prioritized_draw``: the stratified descent
+  and the importance weights) and priority update (``fitdqn::prioritized_update``, in place);
 - :mod:`fitdqn.ops.sum_tree`: the sum tree's ancestor rebuild (in place; a plain function, not an operator);
 - :mod:`fitdqn.ops.linear_relu`: a linear layer with its ReLU in the product's epilogue (ATen ops and their
   autograd: no custom op, no Triton);
@@ -20,11 +22,12 @@ from fitdqn.ops.attention import last_token_attention
 from fitdqn.ops.iqn import QuantileHeadFunction, cosine_embedding, iqn_quantile_head
 from fitdqn.ops.kernels import FUSED_DTYPES, KERNELS, resolve_kernels, triton_available
 from fitdqn.ops.linear_relu import linear_relu
+from fitdqn.ops.prioritized import prioritized_draw, prioritized_update
 from fitdqn.ops.projection import project_dense, project_positions
 from fitdqn.ops.quantile_huber import QuantileHuber, quantile_huber, quantile_huber_sorted
 
 __all__ = [
     "FUSED_DTYPES", "KERNELS", "QuantileHeadFunction", "QuantileHuber", "cosine_embedding", "iqn_quantile_head",
-    "last_token_attention", "linear_relu", "project_dense", "project_positions", "quantile_huber",
-    "quantile_huber_sorted", "resolve_kernels", "triton_available",
+    "last_token_attention", "linear_relu", "prioritized_draw", "prioritized_update", "project_dense",
+    "project_positions", "quantile_huber", "quantile_huber_sorted", "resolve_kernels", "triton_available",
 ]

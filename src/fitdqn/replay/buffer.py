@@ -7,7 +7,9 @@ Sampling is one ``torch.rand`` (from the caller's generator) followed by pure fu
 and the buffer's tensors (:meth:`ReplayBuffer.batch_from_uniforms`). With ``compile=True`` on CUDA the
 pure parts (tree descent, weights, n-step + HER gather, priority transform) run through ``torch.compile``:
 the same maths in a few fused kernels instead of ~150 small ones; eager is the reference. Compile before
-capturing a CUDA graph (call ``sample`` and ``update_priorities`` once outside the capture).
+capturing a CUDA graph (call ``sample`` and ``update_priorities`` once outside the capture). With ``fused`` (the
+resolved ``net.kernels = 'triton'``) the prioritized draw and priority update are the operators of
+:mod:`fitdqn.ops.prioritized` (a few Triton kernels on CUDA, no compiling), and only the gather is compiled.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from fitdqn.ops.kernels import resolve_kernels
 from fitdqn.replay.her import FutureGoals
 from fitdqn.replay.nstep import GoalReward, NStepReturns
 from fitdqn.replay.sampler import PrioritizedSampler, UniformSampler, sampleable_steps
@@ -46,6 +49,7 @@ class ReplayBuffer:
         her_k: int,
         tree_fanout: int,
         compile: bool,
+        fused: bool,
         device: torch.device | str,
         goal_reward: GoalReward | None = None,
         observe: Observe | None = None,
@@ -66,7 +70,7 @@ class ReplayBuffer:
         self.observe = observe
         self.prioritized = bool(prioritized)
         self.sampler: PrioritizedSampler | UniformSampler = (
-            PrioritizedSampler(self.storage, n_step, alpha, priority_eps, tree_fanout) if prioritized
+            PrioritizedSampler(self.storage, n_step, alpha, priority_eps, tree_fanout, fused) if prioritized
             else UniformSampler(self.storage, n_step)
         )
         self.returns = NStepReturns(self.storage, n_step, gamma)
@@ -88,14 +92,16 @@ class ReplayBuffer:
                     observe: Observe | None = None, num_envs: int | None = None) -> ReplayBuffer:
         """Build from a :class:`fitdqn.config.Config` (``replay.*``, ``learn.n_step``, ``learn.gamma``,
         ``market.episode_length``, ``collect.num_envs``) and the planned capacity (see ``replay_component``);
-        ``num_envs`` (None: ``collect.num_envs``) is for a buffer of another env count than the config's."""
+        ``num_envs`` (None: ``collect.num_envs``) is for a buffer of another env count than the config's; the fused
+        operators follow ``net.kernels`` resolved for ``device`` (as the learner's do)."""
         r = config.replay
+        fused = resolve_kernels(config.net.kernels, torch.device(device).type) == "triton"
         return cls(
             spec, capacity, config.collect.num_envs if num_envs is None else num_envs,
             n_step=config.learn.n_step, gamma=config.learn.gamma,
             episode_length=config.market.episode_length, goal_column=goal_column, goal_reward=goal_reward,
             prioritized=r.prioritized, alpha=r.alpha, priority_eps=r.priority_eps, her=r.her, her_k=r.her_k,
-            tree_fanout=r.tree_fanout, observe=observe, compile=r.compile, device=device,
+            tree_fanout=r.tree_fanout, observe=observe, compile=r.compile, fused=fused, device=device,
         )
 
     def tensors(self) -> list[torch.Tensor]:

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import torch
 
+from fitdqn.ops import prioritized as prioritized_ops
 from fitdqn.replay.storage import RingStorage
 from fitdqn.replay.sum_tree import SumTree
 
 
 def sampleable_steps(storage: RingStorage, n_step: int) -> torch.Tensor:
     """Lockstep steps whose n-step window is written and not overwritten (0-dim int64)."""
-    held = torch.clamp(storage.written, max=storage.steps)
-    return torch.clamp(held - (n_step - 1), min=0)
+    return prioritized_ops.sampleable_count(storage.written, storage.steps, n_step, 1)
 
 
 class UniformSampler:
@@ -63,10 +63,13 @@ class PrioritizedSampler:
     """Proportional prioritized replay (Schaul et al. 2016) on a device :class:`SumTree`.
 
     Leaves hold ``(|priority| + eps) ** alpha``; new transitions enter at the running max leaf value.
-    Importance weights ``w = (N * P(i)) ** -beta`` normalised by the batch maximum.
+    Importance weights ``w = (N * P(i)) ** -beta`` normalised by the batch maximum. With ``fused`` the draw and the
+    update are the operators of :mod:`fitdqn.ops.prioritized` (Triton kernels on CUDA, the same torch maths
+    elsewhere), else that torch maths op by op (optionally compiled: :meth:`set_compiled`).
     """
 
-    def __init__(self, storage: RingStorage, n_step: int, alpha: float, priority_eps: float, tree_fanout: int):
+    def __init__(self, storage: RingStorage, n_step: int, alpha: float, priority_eps: float, tree_fanout: int,
+                 fused: bool):
         if storage.steps < n_step:
             raise ValueError(f"the ring holds {storage.steps} steps, fewer than n_step {n_step}")
         self.storage = storage
@@ -76,6 +79,10 @@ class PrioritizedSampler:
         self.tree = SumTree(storage.capacity, tree_fanout, storage.device)
         self.max_priority = torch.ones((), dtype=torch.float64, device=storage.device)  # leaf space
         self.slot_pair = torch.zeros(2 * storage.num_envs, dtype=torch.int64, device=storage.device)
+        self.fused = bool(fused)
+        # the fused draw's scratch: the batch's smallest leaf, as the bits of a non-negative float64 (they order
+        # as int64 do)
+        self.lowest_leaf = torch.zeros((), dtype=torch.int64, device=storage.device)
         self.set_compiled(None)
 
     def set_compiled(self, options: dict | None) -> None:
@@ -84,13 +91,13 @@ class PrioritizedSampler:
         Descent and weight normalisation are compiled separately: fused together, the batch max would
         pull the whole descent into one reduction kernel on one SM.
         """
-        wrap = (lambda fn: fn) if options is None else (lambda fn: torch.compile(fn, **options))
+        wrap = (lambda fn: fn) if options is None or self.fused else (lambda fn: torch.compile(fn, **options))
         self.locate_fn = wrap(self.tree.stratified)
         self.weights_fn = wrap(self.weights)
         self.leaf_values_fn = wrap(self.leaf_values)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [*self.tree.tensors(), self.max_priority, self.slot_pair]
+        return [*self.tree.tensors(), self.max_priority, self.slot_pair, self.lowest_leaf]
 
     def on_write(self, step: torch.Tensor) -> None:
         """Step ``step`` (0-dim) was just written: its slots leave, step - n + 1 enters at max priority."""
@@ -111,19 +118,22 @@ class PrioritizedSampler:
 
     def draw(self, uniform: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(index [B] int64 slots, weight [B] f32)``, stratified by priority; ``uniform [B]`` places."""
+        if self.fused:
+            s, tree = self.storage, self.tree
+            return prioritized_ops.prioritized_draw(tree.levels, uniform, s.written, beta, self.lowest_leaf,
+                                                    tree.fanout, tree.num_leaves, s.steps, self.n_step, s.num_envs)
         index, probability = self.locate_fn(uniform)  # [B], [B] f64
         return index, self.weights_fn(probability, beta)
 
     def weights(self, probability: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         """``(N * P(i)) ** -beta`` normalised by the batch maximum, [B] f32."""
-        count = (sampleable_steps(self.storage, self.n_step) * self.storage.num_envs).to(torch.float64)
-        weight = torch.pow(count * probability, -beta)  # [B] f64
-        return (weight / weight.max()).to(torch.float32)
+        s = self.storage
+        count = prioritized_ops.sampleable_count(s.written, s.steps, self.n_step, s.num_envs)
+        return prioritized_ops.importance_weights(probability, count, beta)
 
     def leaf_values(self, index: torch.Tensor, priorities: torch.Tensor) -> torch.Tensor:
         """``(|priority| + eps) ** alpha [B]`` f64, 0 where the slot's leaf is 0 (it left the window)."""
-        leaf = (priorities.detach().to(torch.float64).abs() + self.eps) ** self.alpha  # [B]
-        return leaf * (self.tree.get(index) > 0)
+        return prioritized_ops.leaf_values(self.tree.leaves, index, priorities, self.alpha, self.eps)
 
     def update(self, index: torch.Tensor, priorities: torch.Tensor) -> None:
         """New priorities (e.g. |TD error|, before ``** alpha``) for slots ``index [B]``.
@@ -131,6 +141,10 @@ class PrioritizedSampler:
         A duplicated slot keeps its largest new priority. Slots at priority 0 (left the window since they
         were sampled) stay at 0. The running max follows the largest leaf written.
         """
+        if self.fused:
+            prioritized_ops.prioritized_update(self.tree.levels, self.max_priority, index, priorities, self.alpha,
+                                               self.eps, self.tree.fanout)
+            return
         leaf = self.leaf_values_fn(index, priorities)
         self.tree.update_max(index, leaf)
         torch.maximum(self.max_priority, leaf.max(), out=self.max_priority)

@@ -24,11 +24,10 @@ from __future__ import annotations
 import torch
 
 from fitdqn.memory.component import tensor_bytes
+from fitdqn.ops import prioritized as prioritized_ops
 from fitdqn.ops import sum_tree as sum_tree_ops
 
-DTYPE = torch.float64
-# u is kept strictly below a node's mass by this relative margin, so rounding never walks off the end.
-_BELOW = 1.0 - 2.0**-50
+DTYPE = prioritized_ops.DTYPE
 
 
 def level_sizes(num_leaves: int, fanout: int) -> list[int]:
@@ -99,33 +98,16 @@ class SumTree:
 
     # ---- sampling ------------------------------------------------------------------------------------
     def find(self, mass: torch.Tensor) -> torch.Tensor:
-        """Leaf ``i`` with ``prefix(i) <= mass < prefix(i) + p_i`` for each ``mass [B]`` (f64, in [0, total)).
-
-        Level-by-level descent, O(B * fanout * depth); every step is a batched gather + row cumsum +
-        row searchsorted. Never returns a zero-priority leaf while the total is positive.
-        """
-        u = mass.to(DTYPE)  # [B]
-        node = torch.zeros_like(u, dtype=torch.int64)  # [B] index of the current row (group of children)
-        for level in self.levels:
-            children = level.view(-1, self.fanout)[node]  # [B, k]
-            cum = children.cumsum(-1)  # [B, k] inclusive prefix masses
-            u = torch.minimum(u, cum[:, -1] * _BELOW).clamp_(min=0.0)
-            c = torch.searchsorted(cum, u.unsqueeze(-1), right=True).clamp_(max=self.fanout - 1)  # [B, 1]
-            u = u - (cum.gather(-1, c) - children.gather(-1, c)).squeeze(-1)
-            node = torch.add(c.squeeze(-1), node, alpha=self.fanout)  # [B] child id = next row
-        return node.clamp_(max=self.num_leaves - 1)
+        """Leaf ``i`` with ``prefix(i) <= mass < prefix(i) + p_i`` for each ``mass [B]`` (f64, in [0, total));
+        never a zero-priority leaf while the total is positive (:func:`fitdqn.ops.prioritized.descend`)."""
+        return prioritized_ops.descend(self.levels, mass, self.fanout, self.num_leaves)
 
     def stratified(self, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One leaf from each of B equal slices of the total mass; ``uniform [B]`` in [0, 1) places it.
 
         Returns ``(index [B] int64, probability [B] f64)`` with probability = p_i / total.
         """
-        batch_size = uniform.shape[0]
-        total = self.total()
-        strata = torch.arange(batch_size, device=uniform.device, dtype=DTYPE)  # [B]
-        mass = (strata + uniform.to(DTYPE)) * (total / batch_size)  # [B]
-        index = self.find(mass)
-        return index, self.leaves[index] / total
+        return prioritized_ops.stratified_find(self.levels, uniform, self.fanout, self.num_leaves)
 
     def sample_stratified(self, batch_size: int, generator: torch.Generator | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor]:

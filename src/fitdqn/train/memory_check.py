@@ -74,3 +74,13 @@ def format_rows(rows: list[dict]) -> list[str]:
             f"{format_bytes(row['measured_bytes']):>10}   {'' if diff is None else f'{100 * diff:+.1f} %'}"
         )
     return lines
+
+
+def backtest_growth_note(grown_bytes: int) -> str | None:
+    """What to say when the backtests' graphs grew the collector graph's pool (the plan budgets none of it: they are
+    meant to fit in the collector's pages, ``fitdqn.evaluate.backtest_graphs``), or None when they did not."""
+    if grown_bytes <= 0:
+        return None
+    return (f"note: the backtest graphs grew the collector graph's pool by {format_bytes(grown_bytes)}, which the plan "
+            "does not budget (a backtest steps more envs than the collector: evaluate.segments above "
+            "collect.num_envs?); on a full card lower evaluate.segments or raise budget.headroom_fraction")

@@ -50,7 +50,7 @@ from fitdqn.plan.report import plot_plan, print_plan
 from fitdqn.train import distributed
 from fitdqn.train.checkpoint import atomic_write_text, checkpoint_summary, load_checkpoint, save_checkpoint
 from fitdqn.train.logs import METRICS_NAME, TENSORBOARD_DIR, RunLogger, read_jsonl
-from fitdqn.train.memory_check import format_rows, peak_memory_row
+from fitdqn.train.memory_check import backtest_growth_note, format_rows, peak_memory_row
 from fitdqn.train.oom import OomGuard
 from fitdqn.train.trainer import Trainer, write_run_config
 
@@ -345,6 +345,12 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
         atomic_write_text(run_dir / "plan.json", json.dumps(plan_record, indent=2))
         report = guard.run("evaluation", final_report, trainer, run_dir, console)
         logger.log(trainer.epoch, "test", {"sharpe": report["test"]["agent"]["sharpe"]})
+        if trainer.backtests is not None:
+            plan_record["backtest_pool_growth_bytes"] = trainer.backtests.grown_bytes
+            atomic_write_text(run_dir / "plan.json", json.dumps(plan_record, indent=2))
+            note = backtest_growth_note(trainer.backtests.grown_bytes)
+            if note:
+                console.print(note, highlight=False, soft_wrap=True)
     finally:
         logger.close()
     if job is not None:
