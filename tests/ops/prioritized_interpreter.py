@@ -15,12 +15,13 @@ import sys
 
 import torch
 
-# (name, leaves, fanout, batch, zero share): the tree's depth is 1, 3, 5 and 6 levels
+# (name, leaves, fanout, batch, zero share): the tree's depth is 1, 3, 5, 6 and 4 levels
 CASES = [
     ("one-level", 40, 64, 33, 0.0),
     ("fanout64-3-levels", 100_003, 64, 300, 0.2),
     ("fanout8-5-levels", 5_000, 8, 257, 0.3),
     ("fanout4-6-levels", 3_000, 4, 129, 0.0),
+    ("fanout24-not-a-multiple-of-the-unroll", 20_000, 24, 200, 0.1),
 ]
 
 

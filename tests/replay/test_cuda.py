@@ -13,7 +13,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @cuda
 @pytest.mark.skipif(not sum_tree_ops.available(torch.device("cuda")) if torch.cuda.is_available()
                     else True, reason="needs Triton")
-@pytest.mark.parametrize("fanout", [2, 16, 64])
+@pytest.mark.parametrize("fanout", [2, 16, 24, 64])
 def test_triton_rebuild_matches_torch(fanout):
     torch.manual_seed(fanout)
     n = 100_003

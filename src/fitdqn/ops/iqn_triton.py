@@ -51,10 +51,12 @@ from fitdqn.ops.kernels import on_device
 # warpgroup's wgmma: 8 warps hold it twice.
 FORWARD_BLOCK_D, FORWARD_WARPS, FORWARD_STAGES = 64, 4, 2
 BACKWARD_BLOCK_D, BACKWARD_WARPS, BACKWARD_STAGES = 128, 4, 2
-# the backward kernel (module docstring): 'transposed' or 'rows'; 'transposed' at 128 columns, 8 warps (two
-# warpgroups, each a 64-row wgmma), 2 stages: chosen from the compiled resource usage above, not yet timed
+# the backward kernel (module docstring): 'transposed' or 'rows'; 'transposed' at 256 columns (the whole d = 256
+# in one slice), 16 warps, 2 stages: alone 0.37 ms at B = 8192 against 0.58 ms at 128 columns and 8 warps
+# (benchmarks/tune_kernels.py), and inside the whole graphed update 3.40 against 3.63 ms at 8192, 1.27 against
+# 1.30 ms at 1024 (benchmarks/update_vs_compile.py, H200, BENCHMARKS.md)
 BACKWARD_KERNEL = "transposed"
-TRANSPOSED_BLOCK_D, TRANSPOSED_WARPS, TRANSPOSED_STAGES = 128, 8, 2
+TRANSPOSED_BLOCK_D, TRANSPOSED_WARPS, TRANSPOSED_STAGES = 256, 16, 2
 PRECISION = "ieee"  # fp32 compute (no autocast): exact fp32 products, like torch's default matmul
 _TRITON_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 

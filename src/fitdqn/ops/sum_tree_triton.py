@@ -14,14 +14,15 @@ import triton.language as tl
 
 
 @triton.jit
-def _parent_sums(leaf_ptr, child_ptr, parent_ptr, count, divisor, FANOUT: tl.constexpr, BLOCK: tl.constexpr):
+def _parent_sums(leaf_ptr, child_ptr, parent_ptr, count, divisor, FANOUT: tl.constexpr, COLUMNS: tl.constexpr,
+                 BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] which updated leaf
     mask = rows < count
     leaf = tl.load(leaf_ptr + rows, mask=mask, other=0)
     parent = leaf // divisor  # [BLOCK] ancestor id at the parent level
-    cols = tl.arange(0, FANOUT)
-    children = tl.load(child_ptr + parent[:, None] * FANOUT + cols[None, :], mask=mask[:, None],
-                       other=0.0)  # [BLOCK, FANOUT]
+    cols = tl.arange(0, COLUMNS)  # [COLUMNS] the fanout rounded up to a power of two, the rest masked
+    children = tl.load(child_ptr + parent[:, None] * FANOUT + cols[None, :],
+                       mask=mask[:, None] & (cols[None, :] < FANOUT), other=0.0)  # [BLOCK, COLUMNS]
     tl.store(parent_ptr + parent, tl.sum(children, axis=1), mask=mask)
 
 
@@ -29,9 +30,11 @@ def propagate(levels: list[torch.Tensor], index: torch.Tensor, fanout: int) -> N
     """Rebuild every ancestor of leaves ``index [M]`` (int64, on the levels' CUDA device), level by level."""
     index = index.contiguous()
     count = index.numel()
-    block = max(1, min(128, 4096 // fanout))
+    columns = triton.next_power_of_2(fanout)
+    block = max(1, min(128, 4096 // columns))
     grid = (triton.cdiv(count, block),)
     divisor = 1
     for depth in range(len(levels) - 1, 0, -1):
         divisor *= fanout
-        _parent_sums[grid](index, levels[depth], levels[depth - 1], count, divisor, FANOUT=fanout, BLOCK=block)
+        _parent_sums[grid](index, levels[depth], levels[depth - 1], count, divisor, FANOUT=fanout, COLUMNS=columns,
+                           BLOCK=block)
