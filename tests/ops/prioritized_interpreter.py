@@ -21,7 +21,7 @@ CASES = [
     ("fanout64-3-levels", 100_003, 64, 300, 0.2),
     ("fanout8-5-levels", 5_000, 8, 257, 0.3),
     ("fanout4-6-levels", 3_000, 4, 129, 0.0),
-    ("fanout24-not-a-multiple-of-the-unroll", 20_000, 24, 200, 0.1),
+    ("fanout24-not-a-power-of-two", 20_000, 24, 200, 0.1),
 ]
 
 

@@ -35,7 +35,6 @@ from fitdqn.ops.prioritized import BELOW, MAX_FUSED_DEPTH
 from fitdqn.ops.sum_tree_triton import propagate
 
 BLOCK = 128  # samples per program
-UNROLL = 16  # a row's children read this many at a time (independent loads in flight)
 WARPS = 4
 INT64_MAX = 2**63 - 1
 
@@ -68,29 +67,24 @@ def _pow(base, exponent):
 
 
 @triton.jit
-def _descend_level(level_ptr, node, u, valid, below, FANOUT: tl.constexpr, UNROLL: tl.constexpr):
+def _descend_level(level_ptr, node, u, valid, below, FANOUT: tl.constexpr):
     """One level of the descent for a block of lanes: ``node [BLOCK]`` the row, ``u`` the mass left in it."""
     row = level_ptr + node * FANOUT  # [BLOCK] pointers to each lane's row of children
     mass = tl.zeros_like(u)
-    for start in range(0, FANOUT, UNROLL):  # UNROLL independent loads in flight, summed left to right
-        for k in tl.static_range(UNROLL):
-            column = start + k + tl.zeros_like(node)  # [BLOCK]
-            mass += tl.load(row + column, mask=valid & (column < FANOUT), other=0.0)
+    for j in range(0, FANOUT):
+        mass += tl.load(row + j, mask=valid, other=0.0)
     u = tl.maximum(tl.minimum(u, mass * below), 0.0)
     cum = tl.zeros_like(u)
     before = tl.zeros_like(u)  # cum[c] - x[c] of the child c found
     child = tl.full(u.shape, FANOUT - 1, tl.int64)
     found = tl.zeros(u.shape, tl.int32)
-    for start in range(0, FANOUT, UNROLL):
-        for k in tl.static_range(UNROLL):
-            # [BLOCK]; a column past the row (FANOUT not a multiple of UNROLL) reads 0 and is never chosen
-            j = start + k + tl.zeros_like(node)
-            x = tl.load(row + j, mask=valid & (j < FANOUT), other=0.0)
-            cum += x
-            hit = ((cum > u) | (j == FANOUT - 1)) & (found == 0)
-            child = tl.where(hit, j, child)
-            before = tl.where(hit, cum - x, before)
-            found = found | hit.to(tl.int32)
+    for j in range(0, FANOUT):
+        x = tl.load(row + j, mask=valid, other=0.0)
+        cum += x
+        hit = ((cum > u) | (j == FANOUT - 1)) & (found == 0)
+        child = tl.where(hit, j, child)
+        before = tl.where(hit, cum - x, before)
+        found = found | hit.to(tl.int32)
     return node * FANOUT + child, u - before
 
 
@@ -98,7 +92,7 @@ def _descend_level(level_ptr, node, u, valid, below, FANOUT: tl.constexpr, UNROL
 def _descend_kernel(
     level0, level1, level2, level3, level4, level5, uniform_ptr, uniform_stride, index_ptr, lowest_ptr,
     batch, num_leaves, below_bits,
-    DEPTH: tl.constexpr, FANOUT: tl.constexpr, TOP: tl.constexpr, UNROLL: tl.constexpr, BLOCK: tl.constexpr,
+    DEPTH: tl.constexpr, FANOUT: tl.constexpr, TOP: tl.constexpr, BLOCK: tl.constexpr,
 ):
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] samples
     valid = lanes < batch
@@ -107,22 +101,22 @@ def _descend_kernel(
     u = (lanes.to(tl.float64) + uniform) * (total / batch)  # [BLOCK] the stratum's mass
     node = tl.zeros((BLOCK,), tl.int64)
     below = _as_f64(below_bits)
-    node, u = _descend_level(level0, node, u, valid, below, FANOUT, UNROLL)
+    node, u = _descend_level(level0, node, u, valid, below, FANOUT)
     leaves = level0
     if DEPTH > 1:
-        node, u = _descend_level(level1, node, u, valid, below, FANOUT, UNROLL)
+        node, u = _descend_level(level1, node, u, valid, below, FANOUT)
         leaves = level1
     if DEPTH > 2:
-        node, u = _descend_level(level2, node, u, valid, below, FANOUT, UNROLL)
+        node, u = _descend_level(level2, node, u, valid, below, FANOUT)
         leaves = level2
     if DEPTH > 3:
-        node, u = _descend_level(level3, node, u, valid, below, FANOUT, UNROLL)
+        node, u = _descend_level(level3, node, u, valid, below, FANOUT)
         leaves = level3
     if DEPTH > 4:
-        node, u = _descend_level(level4, node, u, valid, below, FANOUT, UNROLL)
+        node, u = _descend_level(level4, node, u, valid, below, FANOUT)
         leaves = level4
     if DEPTH > 5:
-        node, u = _descend_level(level5, node, u, valid, below, FANOUT, UNROLL)
+        node, u = _descend_level(level5, node, u, valid, below, FANOUT)
         leaves = level5
     index = tl.minimum(node, num_leaves - 1)
     tl.store(index_ptr + lanes, index, mask=valid)
@@ -193,8 +187,8 @@ def fused_draw(levels: list[torch.Tensor], uniform: torch.Tensor, written: torch
     with on_device(uniform):
         lowest.fill_(INT64_MAX)
         _descend_kernel[grid](*padded, uniform, uniform.stride(0), index, lowest, batch, num_leaves, bits(BELOW),
-                              DEPTH=len(levels), FANOUT=fanout, TOP=levels[0].numel(), UNROLL=min(UNROLL, fanout),
-                              BLOCK=BLOCK, num_warps=WARPS)
+                              DEPTH=len(levels), FANOUT=fanout, TOP=levels[0].numel(), BLOCK=BLOCK,
+                              num_warps=WARPS)
         _weights_kernel[grid](levels[0], levels[-1], index, lowest, written, beta, weight, batch, ring_steps,
                               n_step, num_envs, TOP=levels[0].numel(), BLOCK=BLOCK, num_warps=WARPS)
     return index, weight
