@@ -54,9 +54,12 @@ BACKWARD_BLOCK_D, BACKWARD_WARPS, BACKWARD_STAGES = 128, 4, 2
 # the backward kernel (module docstring): 'transposed' or 'rows'; 'transposed' at 256 columns (the whole d = 256
 # in one slice), 16 warps, 2 stages: alone 0.37 ms at B = 8192 against 0.58 ms at 128 columns and 8 warps
 # (benchmarks/tune_kernels.py), and inside the whole graphed update 3.40 against 3.63 ms at 8192, 1.27 against
-# 1.30 ms at 1024 (benchmarks/update_vs_compile.py, H200, BENCHMARKS.md)
+# 1.30 ms at 1024 (benchmarks/update_vs_compile.py, the full widths, H200, BENCHMARKS.md)
 BACKWARD_KERNEL = "transposed"
 TRANSPOSED_BLOCK_D, TRANSPOSED_WARPS, TRANSPOSED_STAGES = 256, 16, 2
+# a head narrower than that slice keeps the tile it was timed with (the small networks' d = 64: 128 columns,
+# 8 warps), not three quarters of a wide tile masked off
+NARROW_BLOCK_D, NARROW_WARPS = 128, 8
 PRECISION = "ieee"  # fp32 compute (no autocast): exact fp32 products, like torch's default matmul
 _TRITON_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -106,14 +109,21 @@ def fused_quantile_grads(grad_out: torch.Tensor, features: torch.Tensor, taus: t
     blocks = _blocks(geometry, embedding, outputs, dtype)
     with on_device(features):
         if BACKWARD_KERNEL == "transposed":
-            _backward_kernel_t[(programs, triton.cdiv(d_model, TRANSPOSED_BLOCK_D))](
-                *arguments, **blocks, BLOCK_D=TRANSPOSED_BLOCK_D, num_warps=TRANSPOSED_WARPS,
-                num_stages=TRANSPOSED_STAGES)
+            block_d, warps = _transposed_tile(d_model)
+            _backward_kernel_t[(programs, triton.cdiv(d_model, block_d))](
+                *arguments, **blocks, BLOCK_D=block_d, num_warps=warps, num_stages=TRANSPOSED_STAGES)
         else:
             _backward_kernel[(programs, triton.cdiv(d_model, BACKWARD_BLOCK_D))](
                 *arguments, **blocks, BLOCK_D=BACKWARD_BLOCK_D, num_warps=BACKWARD_WARPS,
                 num_stages=BACKWARD_STAGES)
     return grad_x, w1_parts, w2_parts, b2_parts
+
+
+def _transposed_tile(d_model: int) -> tuple[int, int]:
+    """Columns per slice and warps of the 'transposed' backward for a head of width ``d_model``."""
+    if d_model >= TRANSPOSED_BLOCK_D:
+        return TRANSPOSED_BLOCK_D, TRANSPOSED_WARPS
+    return NARROW_BLOCK_D, NARROW_WARPS
 
 
 def _blocks(geometry, embedding: int, outputs: int, dtype: torch.dtype) -> dict:
