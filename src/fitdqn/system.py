@@ -24,6 +24,7 @@ from torch import Tensor
 from fitdqn.collect.collector import Collector
 from fitdqn.config import Config
 from fitdqn.learn.learner import Learner
+from fitdqn.learn.precision import autocast_dtype
 from fitdqn.market.contract import ContractSpec
 from fitdqn.market.data import split_bars
 from fitdqn.market.env import GOAL_COLUMN, FuturesEnv, transition_spec
@@ -109,8 +110,10 @@ def build_system(config: Config, market: Market, device: torch.device, *, capaci
     window = config.net.window
     features: list[Tensor] = []  # the env's features, once built: the replay observes through them
 
+    observed_dtype = autocast_dtype(config.learn.precision, device)  # learner batches: what autocast would cast to
+
     def observe(bar: Tensor, agent: Tensor) -> Tensor:
-        return build_observation(features[0], bar, agent, window)  # [B, W, S]
+        return build_observation(features[0], bar, agent, window, observed_dtype)  # [B, W, S]
 
     with measure(ComponentName.REPLAY):
         replay = ReplayBuffer.from_config(config, transition_spec(), capacity, goal_column=GOAL_COLUMN,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -149,3 +150,24 @@ def test_unequal_branches():
     actions = learner.act(torch.randn(500, SMALL_NET.window, STATE_DIM), torch.tensor(1.0))
     assert torch.all(actions < torch.tensor([5, 3, 2])) and torch.all(actions >= 0)
     assert set(actions[:, 2].tolist()) == {0, 1}
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_observations_in_the_autocast_dtype_update_as_float32_ones(fused):
+    """The replay builds learner batches' observations in the autocast dtype (``system.build_system``): every
+    network reads them through linear layers, which autocast casts to that dtype anyway, so the update is the one
+    of float32 observations, bit for bit (losses, priorities, parameters)."""
+    config = small_config(precision="bf16")
+    config = dataclasses.replace(config, net=dataclasses.replace(config.net, kernels="triton" if fused else "torch"))
+    batch = make_batch(32, config=config)
+    low = {**batch, "obs": batch["obs"].bfloat16(), "next_obs": batch["next_obs"].bfloat16()}
+    outs, learners = [], []
+    for made in (batch, low):
+        learner = make_learner(config=config)
+        torch.manual_seed(3)
+        outs.append(learner.update(made))
+        learners.append(learner)
+    for key in outs[0]:
+        assert torch.equal(outs[0][key], outs[1][key]), key
+    for a, b in zip(learners[0].params, learners[1].params, strict=True):
+        assert torch.equal(a, b)

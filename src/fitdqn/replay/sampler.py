@@ -81,8 +81,8 @@ class PrioritizedSampler:
         self.slot_pair = torch.zeros(2 * storage.num_envs, dtype=torch.int64, device=storage.device)
         self.fused = bool(fused)
         # the fused draw's scratch: the batch's smallest leaf, as the bits of a non-negative float64 (they order
-        # as int64 do)
-        self.lowest_leaf = torch.zeros((), dtype=torch.int64, device=storage.device)
+        # as int64 do); the torch maths needs none
+        self.lowest_leaf = torch.zeros((), dtype=torch.int64, device=storage.device) if self.fused else None
         self.set_compiled(None)
 
     def set_compiled(self, options: dict | None) -> None:
@@ -97,7 +97,8 @@ class PrioritizedSampler:
         self.leaf_values_fn = wrap(self.leaf_values)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [*self.tree.tensors(), self.max_priority, self.slot_pair, self.lowest_leaf]
+        scratch = [self.lowest_leaf] if self.fused else []
+        return [*self.tree.tensors(), self.max_priority, self.slot_pair, *scratch]
 
     def on_write(self, step: torch.Tensor) -> None:
         """Step ``step`` (0-dim) was just written: its slots leave, step - n + 1 enters at max priority."""
