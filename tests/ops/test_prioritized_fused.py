@@ -15,6 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from triton_interpreter import run_under_interpreter
 
 from fitdqn.config import Config
+from fitdqn.device.graphs import capture_graph
 from fitdqn.ops import prioritized
 from fitdqn.replay import ReplayBuffer
 
@@ -118,14 +119,7 @@ def test_fused_sampling_captures_in_a_cuda_graph():
         buffer.update_priorities(batch["index"], batch["reward"].abs())
         return batch
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        batch = step()
+    graph, batch = capture_graph(step, torch.device("cuda"), warmup=1)  # as the trainer captures its step
     graph.replay()
     index, weight = batch["index"].clone(), batch["weight"].clone()
     assert weight.max().item() == 1.0 and (weight > 0).all()

@@ -15,9 +15,10 @@ Draw, 2 kernels:
 The total mass is the top level's sum, taken by every program in the same order. Update, 2 kernels + the tree's
 ancestor rebuild (:mod:`fitdqn.ops.sum_tree_triton`, one per level):
 
-1. ``_store_leaves_kernel``: ``(|p| + eps) ** alpha``, 0 where the old leaf is 0, stored at its index (duplicates:
-   one of them lands); the program's largest value is folded into ``max_priority`` (atomic maximum on the bits).
-2. ``_max_leaves_kernel``: the same values, the mask read again (a stored value is positive exactly when the old
+1. ``_leaves_kernel`` (FOLD 0): ``(|p| + eps) ** alpha``, 0 where the old leaf is 0, stored at its index
+   (duplicates: one of them lands); the program's largest value is folded into ``max_priority`` (atomic maximum on
+   the bits).
+2. ``_leaves_kernel`` (FOLD 1): the same values, the mask read again (a stored value is positive exactly when the old
    leaf was, so it reads the same), folded into the leaf by an atomic maximum: a duplicated index ends at the
    largest of its values, as ``scatter_reduce(amax, include_self=False)`` does.
 """
@@ -90,7 +91,7 @@ def _descend_level(level_ptr, node, u, valid, below, FANOUT: tl.constexpr):
 
 @triton.jit
 def _descend_kernel(
-    level0, level1, level2, level3, level4, level5, uniform_ptr, uniform_stride, index_ptr, lowest_ptr,
+    level0, level1, level2, level3, level4, level5, leaves_ptr, uniform_ptr, uniform_stride, index_ptr, lowest_ptr,
     batch, num_leaves, below_bits,
     DEPTH: tl.constexpr, FANOUT: tl.constexpr, TOP: tl.constexpr, BLOCK: tl.constexpr,
 ):
@@ -102,25 +103,19 @@ def _descend_kernel(
     node = tl.zeros((BLOCK,), tl.int64)
     below = _as_f64(below_bits)
     node, u = _descend_level(level0, node, u, valid, below, FANOUT)
-    leaves = level0
     if DEPTH > 1:
         node, u = _descend_level(level1, node, u, valid, below, FANOUT)
-        leaves = level1
     if DEPTH > 2:
         node, u = _descend_level(level2, node, u, valid, below, FANOUT)
-        leaves = level2
     if DEPTH > 3:
         node, u = _descend_level(level3, node, u, valid, below, FANOUT)
-        leaves = level3
     if DEPTH > 4:
         node, u = _descend_level(level4, node, u, valid, below, FANOUT)
-        leaves = level4
     if DEPTH > 5:
         node, u = _descend_level(level5, node, u, valid, below, FANOUT)
-        leaves = level5
     index = tl.minimum(node, num_leaves - 1)
     tl.store(index_ptr + lanes, index, mask=valid)
-    leaf = tl.load(leaves + index, mask=valid, other=0.0)
+    leaf = tl.load(leaves_ptr + index, mask=valid, other=0.0)
     bits = tl.where(valid, leaf.to(tl.int64, bitcast=True), 9223372036854775807)
     tl.atomic_min(lowest_ptr, tl.min(bits, axis=0))
 
@@ -150,25 +145,20 @@ def _leaf_values(leaves_ptr, index, priorities_ptr, lanes, valid, alpha_bits, ep
 
 
 @triton.jit
-def _store_leaves_kernel(leaves_ptr, index_ptr, priorities_ptr, max_ptr, batch, alpha_bits, eps_bits,
-                         BLOCK: tl.constexpr):
+def _leaves_kernel(leaves_ptr, leaf_bits_ptr, index_ptr, priorities_ptr, max_ptr, batch, alpha_bits, eps_bits,
+                   FOLD: tl.constexpr, BLOCK: tl.constexpr):
+    """The update's two passes (module docstring): FOLD = 0 stores the values and folds the largest into the
+    running maximum; FOLD = 1 folds each value into its leaf (atomic maximum)."""
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     valid = lanes < batch
     index = tl.load(index_ptr + lanes, mask=valid, other=0)
     value = _leaf_values(leaves_ptr, index, priorities_ptr, lanes, valid, alpha_bits, eps_bits)
-    tl.store(leaves_ptr + index, value, mask=valid)
-    largest = tl.max(tl.where(valid, value, 0.0), axis=0)
-    tl.atomic_max(max_ptr, largest.to(tl.int64, bitcast=True))
-
-
-@triton.jit
-def _max_leaves_kernel(leaves_ptr, leaf_bits_ptr, index_ptr, priorities_ptr, batch, alpha_bits, eps_bits,
-                       BLOCK: tl.constexpr):
-    lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    valid = lanes < batch
-    index = tl.load(index_ptr + lanes, mask=valid, other=0)
-    value = _leaf_values(leaves_ptr, index, priorities_ptr, lanes, valid, alpha_bits, eps_bits)
-    tl.atomic_max(leaf_bits_ptr + index, value.to(tl.int64, bitcast=True), mask=valid)
+    if FOLD:
+        tl.atomic_max(leaf_bits_ptr + index, value.to(tl.int64, bitcast=True), mask=valid)
+    else:
+        tl.store(leaves_ptr + index, value, mask=valid)
+        largest = tl.max(tl.where(valid, value, 0.0), axis=0)
+        tl.atomic_max(max_ptr, largest.to(tl.int64, bitcast=True))
 
 
 def fused_draw(levels: list[torch.Tensor], uniform: torch.Tensor, written: torch.Tensor, beta: torch.Tensor,
@@ -186,8 +176,8 @@ def fused_draw(levels: list[torch.Tensor], uniform: torch.Tensor, written: torch
     grid = (triton.cdiv(batch, BLOCK),)
     with on_device(uniform):
         lowest.fill_(INT64_MAX)
-        _descend_kernel[grid](*padded, uniform, uniform.stride(0), index, lowest, batch, num_leaves, bits(BELOW),
-                              DEPTH=len(levels), FANOUT=fanout, TOP=levels[0].numel(), BLOCK=BLOCK,
+        _descend_kernel[grid](*padded, levels[-1], uniform, uniform.stride(0), index, lowest, batch, num_leaves,
+                              bits(BELOW), DEPTH=len(levels), FANOUT=fanout, TOP=levels[0].numel(), BLOCK=BLOCK,
                               num_warps=WARPS)
         _weights_kernel[grid](levels[0], levels[-1], index, lowest, written, beta, weight, batch, ring_steps,
                               n_step, num_envs, TOP=levels[0].numel(), BLOCK=BLOCK, num_warps=WARPS)
@@ -204,9 +194,8 @@ def fused_update(levels: list[torch.Tensor], max_priority: torch.Tensor, index: 
     leaves = levels[-1]
     grid = (triton.cdiv(batch, BLOCK),)
     with on_device(index):
-        constants = bits(alpha), bits(eps)
-        _store_leaves_kernel[grid](leaves, index, priorities, max_priority.view(torch.int64), batch, *constants,
-                                   BLOCK=BLOCK, num_warps=WARPS)
-        _max_leaves_kernel[grid](leaves, leaves.view(torch.int64), index, priorities, batch, *constants,
-                                 BLOCK=BLOCK, num_warps=WARPS)
+        arguments = (leaves, leaves.view(torch.int64), index, priorities, max_priority.view(torch.int64), batch,
+                     bits(alpha), bits(eps))
+        for fold in (0, 1):  # two launches: every store lands before any leaf's maximum is folded in
+            _leaves_kernel[grid](*arguments, FOLD=fold, BLOCK=BLOCK, num_warps=WARPS)
     propagate(levels, index, fanout)
