@@ -3,7 +3,10 @@
 Each case runs `python -m fitdqn plan ...` as a child process and, in turn with it, `python -c "import torch"`;
 the figure is the child's CPU seconds (user + system, from the operating system's accounting of the finished
 child), and its ratio to `import torch` timed beside it (a ratio holds on a busy machine); medians over the pairs
-(the seconds beyond `import torch`: the median of each pair's difference). Cases:
+(the seconds beyond `import torch`: the median of each pair's difference). Beside `import torch` it times
+`import torch, torch._dynamo`: PyTorch's compiler package, which a cold plan cannot avoid (making a
+``FakeTensorMode`` and the first ``torch.optim`` step import it); the seconds beyond that reference are the
+planning work proper. Cases:
 
 - `what-if`: `--gpu rtx3050 --free-memory 1.7GiB --batch-size 0` (the auto batch on a described card: its free
   memory is fixed, so a warm run finds the whole stored plan);
@@ -47,6 +50,7 @@ def child_cpu_seconds(command: list[str], environment: dict[str, str]) -> float:
 def measure(data: str, repeats: int) -> dict[str, dict[str, float]]:
     results = {}
     import_torch = [sys.executable, "-c", "import torch"]
+    import_compiler = [sys.executable, "-c", "import torch, torch._dynamo"]
     for case, options in CASES.items():
         plan = [sys.executable, "-m", "fitdqn", "plan", "--data", data, "--json", *options]
         rows = {"cold": [], "warm": []}
@@ -57,18 +61,25 @@ def measure(data: str, repeats: int) -> dict[str, dict[str, float]]:
                 for phase in ("cold", "warm"):
                     plan_seconds = child_cpu_seconds(plan, environment)
                     torch_seconds = child_cpu_seconds(import_torch, environment)
-                    rows[phase].append((plan_seconds, torch_seconds))
+                    compiler_seconds = child_cpu_seconds(import_compiler, environment)
+                    rows[phase].append((plan_seconds, torch_seconds, compiler_seconds))
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
         for phase, pairs in rows.items():
-            plan_s = statistics.median(p for p, _ in pairs)
-            torch_s = statistics.median(t for _, t in pairs)
-            ratio = statistics.median(p / t for p, t in pairs)
-            beyond = statistics.median(p - t for p, t in pairs)  # of each pair timed in turn (a busy machine drifts)
+            plan_s = statistics.median(p for p, _, _ in pairs)
+            torch_s = statistics.median(t for _, t, _ in pairs)
+            compiler_s = statistics.median(c for _, _, c in pairs)
+            ratio = statistics.median(p / t for p, t, _ in pairs)
+            # of each triple timed in turn (a busy machine drifts)
+            beyond = statistics.median(p - t for p, t, _ in pairs)
+            beyond_compiler = statistics.median(p - c for p, _, c in pairs)
             results[f"{case} {phase}"] = {"plan_cpu_s": round(plan_s, 2), "import_torch_cpu_s": round(torch_s, 2),
-                                          "ratio": round(ratio, 2), "beyond_import_s": round(beyond, 2)}
+                                          "import_torch_dynamo_cpu_s": round(compiler_s, 2),
+                                          "ratio": round(ratio, 2), "beyond_import_s": round(beyond, 2),
+                                          "beyond_import_dynamo_s": round(beyond_compiler, 2)}
             print(f"{case:8s} {phase}: plan {plan_s:.2f} s CPU, import torch {torch_s:.2f} s, ratio {ratio:.2f}, "
-                  f"beyond import {beyond:.2f} s", flush=True)
+                  f"beyond import {beyond:.2f} s; import torch + torch._dynamo {compiler_s:.2f} s, beyond it "
+                  f"{beyond_compiler:.2f} s", flush=True)
     return results
 
 
