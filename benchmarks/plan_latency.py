@@ -2,11 +2,11 @@
 
 Each case runs `python -m fitdqn plan ...` as a child process and, in turn with it, `python -c "import torch"`;
 the figure is the child's CPU seconds (user + system, from the operating system's accounting of the finished
-child), and its ratio to `import torch` timed beside it (a ratio holds on a busy machine); medians over the pairs
-(the seconds beyond `import torch`: the median of each pair's difference). Beside `import torch` it times
-`import torch, torch._dynamo`: PyTorch's compiler package, which a cold plan cannot avoid (making a
+child), and its ratio to `import torch` timed beside it (a ratio holds on a busy machine). Beside `import torch`
+it times `import torch, torch._dynamo`: PyTorch's compiler package, which a cold plan cannot avoid (making a
 ``FakeTensorMode`` and the first ``torch.optim`` step import it); the seconds beyond that reference are the
-planning work proper. Cases:
+planning work proper. Medians over the repeats (the seconds beyond a reference: the median of each repeat's
+difference, the plan and its references timed in turn). Cases:
 
 - `what-if`: `--gpu rtx3050 --free-memory 1.7GiB --batch-size 0` (the auto batch on a described card: its free
   memory is fixed, so a warm run finds the whole stored plan);
@@ -65,14 +65,14 @@ def measure(data: str, repeats: int) -> dict[str, dict[str, float]]:
                     rows[phase].append((plan_seconds, torch_seconds, compiler_seconds))
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
-        for phase, pairs in rows.items():
-            plan_s = statistics.median(p for p, _, _ in pairs)
-            torch_s = statistics.median(t for _, t, _ in pairs)
-            compiler_s = statistics.median(c for _, _, c in pairs)
-            ratio = statistics.median(p / t for p, t, _ in pairs)
-            # of each triple timed in turn (a busy machine drifts)
-            beyond = statistics.median(p - t for p, t, _ in pairs)
-            beyond_compiler = statistics.median(p - c for p, _, c in pairs)
+        for phase, timed in rows.items():
+            plan_s = statistics.median(p for p, _, _ in timed)
+            torch_s = statistics.median(t for _, t, _ in timed)
+            compiler_s = statistics.median(c for _, _, c in timed)
+            ratio = statistics.median(p / t for p, t, _ in timed)
+            # of each repeat timed in turn (a busy machine drifts)
+            beyond = statistics.median(p - t for p, t, _ in timed)
+            beyond_compiler = statistics.median(p - c for p, _, c in timed)
             results[f"{case} {phase}"] = {"plan_cpu_s": round(plan_s, 2), "import_torch_cpu_s": round(torch_s, 2),
                                           "import_torch_dynamo_cpu_s": round(compiler_s, 2),
                                           "ratio": round(ratio, 2), "beyond_import_s": round(beyond, 2),
