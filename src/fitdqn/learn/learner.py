@@ -53,6 +53,7 @@ from fitdqn.learn.schedule import lr_factor, scaled_lr, target_period_at, target
 from fitdqn.learn.target import target_weight, update_target
 from fitdqn.nets.iql import ValueNet
 from fitdqn.nets.qnet import QNetwork
+from fitdqn.ops.gather import gather_in_place_grad
 from fitdqn.ops.kernels import resolve_kernels
 
 BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
@@ -239,10 +240,10 @@ class Learner:
 def _take_atoms(logits: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
     """The taken sub-action per branch: ``logits [B, br, n, A]``, ``action [B, br]`` -> ``[B, br, A]``."""
     index = action.unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, logits.shape[-1])  # [B, br, 1, A]
-    return logits.gather(2, index).squeeze(2)
+    return gather_in_place_grad(logits, 2, index).squeeze(2)
 
 
 def _take_quantiles(values: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
     """``values [B, N, br, n]``, ``action [B, br]`` -> ``[B, N, br]``."""
     index = action.unsqueeze(1).unsqueeze(-1).expand(-1, values.shape[1], -1, 1)  # [B, N, br, 1]
-    return values.gather(3, index).squeeze(3)
+    return gather_in_place_grad(values, 3, index).squeeze(3)

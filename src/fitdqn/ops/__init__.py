@@ -11,6 +11,8 @@ it), and beside it, in ``<op>_triton.py``, the Triton kernel, imported on first 
 - :mod:`fitdqn.ops.sum_tree`: the sum tree's ancestor rebuild (in place; a plain function, not an operator);
 - :mod:`fitdqn.ops.linear_relu`: a linear layer with its ReLU in the product's epilogue (ATen ops and their
   autograd: no custom op, no Triton);
+- :mod:`fitdqn.ops.gather`: ``gather`` with an in-place backward, so that fake tensors trace it as the GPU runs it
+  (ATen ops and their autograd: no custom op, no Triton);
 - :mod:`fitdqn.ops.kernels`: ``net.kernels`` resolved for a device, and the lazy import of the Triton modules.
 
 Networks (:mod:`fitdqn.nets`), losses (:mod:`fitdqn.learn.losses`) and the replay import these, never the
@@ -19,6 +21,7 @@ operator.
 """
 
 from fitdqn.ops.attention import last_token_attention
+from fitdqn.ops.gather import gather_in_place_grad
 from fitdqn.ops.iqn import QuantileHeadFunction, cosine_embedding, iqn_quantile_head
 from fitdqn.ops.kernels import FUSED_DTYPES, KERNELS, resolve_kernels, triton_available
 from fitdqn.ops.linear_relu import linear_relu
@@ -27,7 +30,8 @@ from fitdqn.ops.projection import project_dense, project_positions
 from fitdqn.ops.quantile_huber import QuantileHuber, quantile_huber, quantile_huber_sorted
 
 __all__ = [
-    "FUSED_DTYPES", "KERNELS", "QuantileHeadFunction", "QuantileHuber", "cosine_embedding", "iqn_quantile_head",
+    "FUSED_DTYPES", "KERNELS", "QuantileHeadFunction", "QuantileHuber", "cosine_embedding", "gather_in_place_grad",
+    "iqn_quantile_head",
     "last_token_attention", "linear_relu", "prioritized_draw", "prioritized_update", "project_dense",
     "project_positions", "quantile_huber", "quantile_huber_sorted", "resolve_kernels", "triton_available",
 ]
