@@ -34,19 +34,21 @@ from fitdqn.plan.build import (
     PlanInputs,
     cuda_graphs_component,
     make_train_step,
+    stand_in_system,
     trace_config,
     tracer_for,
 )
 
 
-def real_pool(make_step, batch_size: int, device: torch.device) -> dict:
-    """The trainer's way of capturing (``capture_graph``), then the bytes of the graph's private pool."""
+def real_pool(config: Config, num_bars: int, capacity: int, batch_size: int, device: torch.device) -> dict:
+    """The trainer's way of capturing (``capture_graph``, its replay's sample generator registered), then the bytes
+    of the graph's private pool."""
     with device:
-        setup = make_step(batch_size, device)
-    graph, _ = capture_graph(setup.step, device)
+        system = stand_in_system(config, num_bars, capacity, batch_size, device)
+    graph, _ = capture_graph(system.update_step, device, generators=(system.sample_generator,))
     torch.cuda.synchronize(device)  # host sync: capture done
     row = {"pool_bytes": captured_pool_bytes(graph)}
-    del graph, setup
+    del graph, system
     gc.collect()
     torch.cuda.empty_cache()
     return row
@@ -77,7 +79,7 @@ def child(args) -> None:
                "planned_pool_bytes": (trace.step_bytes if anchored else step_line.step_bytes_at(batch_size))
                + pool_line.bytes_at(batch_size)}
         try:
-            row.update(real_pool(make_train_step(config, inputs.num_bars, capacity), batch_size, device))
+            row.update(real_pool(config, inputs.num_bars, capacity, batch_size, device))
             row["model_error"] = (row["model_pool_bytes"] - row["pool_bytes"]) / max(row["pool_bytes"], 1)
         except torch.OutOfMemoryError as error:
             row["error"] = f"out of memory: {str(error)[:200]}"
