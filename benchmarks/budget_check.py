@@ -6,7 +6,7 @@ capacity, the learner, the device-resident features) and run it; compare ``torch
 over the whole thing with what the plan's components predict for those same objects: replay + networks + batch +
 cuda_overhead fixed bytes + the features tensor + per-sample bytes x B. Also the step alone: the step's components
 (less the networks' own bytes, plus the replay's sampling scratch) against ``measure_step_memory`` (peak minus
-allocated before the step). Beyond ``GRAPH_POOL_BATCHES`` the components are anchored at the batch, as the plan's.
+allocated before the step). The components are anchored at the batch, as the plan's for a known batch.
 
 The plan is made in this process; each batch's measurement runs in a child process. A child that fails
 (an exception, a crash, a timeout) gives a row with an ``error`` and the check goes on. Prints one table,
@@ -35,7 +35,6 @@ from fitdqn.market.features import NUM_FEATURES
 from fitdqn.memory.component import tensor_bytes
 from fitdqn.memory.trace import measure_step_memory
 from fitdqn.plan.build import (
-    GRAPH_POOL_BATCHES,
     PlanInputs,
     build_components,
     make_train_step,
@@ -169,9 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, components, capacity = [], [], 0
     for batch in [int(b) for b in args.batches.split(",") if b.strip()]:
         started = time.perf_counter()
-        # what the plan budgets at this batch: the default lines, or beyond them components anchored at it
-        anchor = batch if batch > max(GRAPH_POOL_BATCHES) else None
-        components, capacity = build_components(config, info, inputs, anchor)
+        # what the plan budgets at a known batch: the components in proportion to the step traced there
+        components, capacity = build_components(config, info, inputs, anchor=batch)
         by_name = {c.name: c for c in components}
         predicted_total = features_bytes(inputs) + sum(by_name[n].bytes_at(batch) for n in ALLOCATED_BY_STEP)
         predicted_step = sum(by_name[n].bytes_at(batch) for n in STEP_COMPONENTS) - sum(

@@ -548,7 +548,9 @@ def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | No
     choice = batch_choice(budget)
     wanted = (choice.size if isinstance(choice, FixedBatch) else profile.batch_size if isinstance(choice, ProfileBatch)
               else 0)
-    anchor = wanted if wanted > max(GRAPH_POOL_BATCHES) and device.free_bytes is not None else None
+    # a known batch: the step's components in proportion to the step traced (or derived) there, exact there
+    # whichever phase holds the step's peak (lines through other batches can miss it by several per cent)
+    anchor = wanted if wanted > 0 and device.free_bytes is not None else None
     plan = None
     graphed = device.kind == "cuda" and config.train.cuda_graphs
     if isinstance(choice, AutoBatch) and device.free_bytes is not None and graphed:
@@ -580,8 +582,7 @@ def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | No
                 f"{math.ceil(needed / 2**20)}MiB` shows its plan). {error}"
             ) from None
         plan = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
-        if (plan.batch_source == "auto" and plan.batch_size > max(GRAPH_POOL_BATCHES)
-                and device.free_bytes is not None):
+        if plan.batch_source == "auto" and device.free_bytes is not None:
             plan = refine_auto_batch(config, device, inputs, profile, plan, TRACE_BATCHES)
     notes = tuple(note for note in (device.described_from, profile_note) if note)
     return dataclasses.replace(plan, notes=(*notes, *plan.notes)) if notes else plan
