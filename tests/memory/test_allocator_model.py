@@ -353,7 +353,7 @@ def test_cuda_graphs_component_of_the_learner_step(kernels):
     # them (safe), and is loose by no more than the page allowance, the largest slack at the fitted batches, or a
     # tenth of the pool. Beyond them the slack is not smooth in the batch (on an H200's kernel shapes the line
     # through 4096 and 8192 missed the chunked head's slack at 16384 and was 40 % loose for the fused head's), so
-    # the plan anchors at a batch beyond them (``build_components(anchor=...)``): in proportion to a trace there.
+    # the plan anchors at the batch it settles on (``build_components(anchor=...)``): in proportion to a trace there.
     make_step = make_train_step(traced, 6000, 128 * 64)
 
     def pool_and_slack(batch: int) -> tuple[int, int]:

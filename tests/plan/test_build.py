@@ -143,6 +143,29 @@ def test_an_auto_batch_beyond_the_fitted_lines_is_checked_by_a_trace_at_itself()
     assert 0 <= planned - step <= len(step_names) * high
 
 
+@pytest.mark.parametrize("batch", [256, 4096])
+def test_a_given_batch_is_planned_from_the_step_traced_at_it(batch):
+    """A user batch at or below the fitted lines' batches is planned in proportion to the step at that batch, not
+    on lines through 512 and 1024 (which miss the step wherever its peak moves to another phase): the plan's step
+    bytes at the batch equal the step's trace there, to the rounding of one per-sample byte per component."""
+    from fitdqn.memory.trace import trace_step_memory
+    from fitdqn.plan.build import PlanInputs, trace_config
+
+    device = what_if("NVIDIA H200", 141 * GIB, 20 * GIB)
+    config = for_device(synthetic(**{"budget.batch_size": batch}), device.kind)
+    plan = plan_for_device(config, device, PlanInputs.from_config(config))
+    assert plan.batch_size == batch
+    step_groups = ("dqn", "attention", "iqn", "iql", "batch", "replay", "her")
+    components = {c.name: c for c in plan.components}
+    assert all(f"traced update at batch {batch}, in proportion" in components[name].derived_from
+               for name in step_groups if name != "her")  # replay.her is off: no share of the step
+    planned_step = sum(components[name].per_sample_bytes for name in step_groups) * batch
+    traced, _ = trace_config(config, device)
+    trace = trace_step_memory(make_train_step(traced, PlanInputs.from_config(config).num_bars, plan.replay_capacity),
+                              batch, "cuda")
+    assert trace.step_bytes <= planned_step <= trace.step_bytes + len(step_groups) * batch
+
+
 @pytest.mark.parametrize("curvature", [-2e-3, 0.0, 5e-3])  # the step's bytes grow slower / as / faster than B
 def test_refining_an_auto_batch_finds_the_largest_that_fits_and_never_more(monkeypatch, curvature):
     from fitdqn.device.profiles import load_profiles, match_profile

@@ -524,12 +524,13 @@ def device_overhead_components(config: Config, device: DeviceInfo) -> list[Compo
 def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None) -> Plan:
     """The plan: components from the real objects, the batch chosen last (``budget.planner.make_plan``).
 
-    The step's lines are fitted at a few hundred to a few thousand samples and are loose far beyond: the
-    step's live peak grows more slowly than its slope there (the staging buffers of reductions over the batch
-    stop growing once they fill the GPU's SMs), its peak moves between phases, and the graph pool's slack is
-    not linear in the batch. So a batch beyond ``GRAPH_POOL_BATCHES`` is planned with the step's components in
-    proportion to the step at that batch: a profile or user batch is checked there; an auto batch is searched
-    (``refine_auto_batch``). The update is traced at two batches and derived at every other (``fit_update``)."""
+    The step's lines are fitted at a few hundred to a few thousand samples and are loose elsewhere: the
+    step's live peak grows more slowly than its slope far beyond (the staging buffers of reductions over the
+    batch stop growing once they fill the GPU's SMs), its peak moves between phases (lines through 512 and 1024
+    missed the step at 8192 by 7 %), and the graph pool's slack is not linear in the batch. So every batch the
+    plan settles on is planned with the step's components in proportion to the step at that batch: a profile or
+    user batch is checked there; an auto batch is searched (``refine_auto_batch``). The update is traced at two
+    batches and derived at every other (``fit_update``)."""
     with traced_sessions():  # one stand-in system per traced capacity, built once for every trace below
         start = len(_NOTES)
         plan = _plan_for_device(config, device, inputs)
