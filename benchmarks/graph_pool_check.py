@@ -7,7 +7,7 @@ cuBLAS workspaces are made there, outside the graph), capture it in a CUDA graph
 pool from ``torch.cuda.memory_snapshot`` (the segments whose ``segment_pool_id`` is the graph's pool; the
 growth of ``memory_reserved`` over the capture beside it). Next to it, from the same step traced on fake
 tensors: ``allocator_model.graph_pool_bytes``, the traced live peak (``step_bytes``), and what the plan budgets
-for the pool: the traced step line + the ``cuda_graphs`` component at that batch.
+for the pool: the step traced at that batch + the ``cuda_graphs`` component anchored there, as the plan takes them.
 
     PYTHONPATH=src python benchmarks/graph_pool_check.py --batches 64,256,1024,4096,8192,16384 --out pool.json
 """
@@ -27,10 +27,8 @@ from fitdqn.config import Config, for_device, with_overrides
 from fitdqn.device import probe
 from fitdqn.device.graphs import capture_graph, captured_pool_bytes
 from fitdqn.memory.allocator_model import ALLOC_CONF_VARIABLES, pool_usage
-from fitdqn.memory.trace import per_sample_bytes, trace_step_memory
+from fitdqn.memory.trace import trace_step_memory
 from fitdqn.plan.build import (
-    GRAPH_POOL_BATCHES,
-    TRACE_BATCHES,
     PlanInputs,
     cuda_graphs_component,
     make_train_step,
@@ -64,20 +62,16 @@ def child(args) -> None:
     traced_config, note = trace_config(config, info)
     tracer = tracer_for(config, info, traced_config, inputs.num_bars)
     component = cuda_graphs_component(config, info, tracer, capacity, note)
-    step_line = per_sample_bytes(make_train_step(traced_config, inputs.num_bars, capacity), TRACE_BATCHES, "cuda")
     rows = []
     for batch_size in [int(b) for b in args.batches.split(",") if b]:
-        # what the plan budgets at this batch: the step line and the default pool line, or beyond
-        # GRAPH_POOL_BATCHES the step traced at this batch and the pool in proportion to it (anchored)
-        anchored = batch_size > max(GRAPH_POOL_BATCHES)
-        pool_line = cuda_graphs_component(config, info, tracer, capacity, note, batch_size if anchored else None)
+        # what the plan budgets at a batch it settles on: the step traced there and the pool in proportion to it
+        pool_line = cuda_graphs_component(config, info, tracer, capacity, note, batch_size)
         trace = trace_step_memory(make_train_step(traced_config, inputs.num_bars, capacity), batch_size, "cuda",
                                   record_events=True)
         usage = pool_usage(trace, expandable)
         row = {"mode": args.child, "batch": batch_size, "step_bytes_traced": trace.step_bytes,
                "model_pool_bytes": usage.reserved_bytes, "model_footprint_bytes": usage.footprint_bytes,
-               "planned_pool_bytes": (trace.step_bytes if anchored else step_line.step_bytes_at(batch_size))
-               + pool_line.bytes_at(batch_size)}
+               "planned_pool_bytes": trace.step_bytes + pool_line.bytes_at(batch_size)}
         try:
             row.update(real_pool(config, inputs.num_bars, capacity, batch_size, device))
             row["model_error"] = (row["model_pool_bytes"] - row["pool_bytes"]) / max(row["pool_bytes"], 1)
