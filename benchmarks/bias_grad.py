@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
+from update_vs_compile import median_ms  # this folder's timing: CUDA events, else perf_counter
 
 from fitdqn.provenance import code_commit
 
@@ -40,26 +39,6 @@ def ways(ones: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]
         "mv": lambda grad: torch.mv(grad.t(), ones),
         "mm": lambda grad: (ones.unsqueeze(0) @ grad).squeeze(0),
     }
-
-
-def time_call(fn: Callable[[], torch.Tensor], iters: int, device: torch.device) -> float:
-    """Median milliseconds of ``fn()`` over ``iters`` calls, after 3 untimed ones."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()  # host sync: read this call's time
-            times.append(start.elapsed_time(end))
-        else:
-            began = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - began) * 1e3)
-    return statistics.median(times)
 
 
 def peak_bytes(fn: Callable[[], torch.Tensor], device: torch.device) -> int | None:
@@ -85,7 +64,7 @@ def measure(shape: tuple[int, int], dtype: torch.dtype, iters: int, device: torc
         out = way(grad)
         rows.append({
             "rows": shape[0], "columns": shape[1], "way": name, "dtype": str(dtype).removeprefix("torch."),
-            "ms": time_call(lambda way=way: way(grad), iters, device),
+            "ms": median_ms(lambda way=way: way(grad), device, iters, warmup=3),
             "scratch_bytes": (None if (peak := peak_bytes(lambda way=way: way(grad), device)) is None
                               else peak - out.numel() * out.element_size()),
             "relative_error": (out.double() - exact).abs().max().item() / scale,
