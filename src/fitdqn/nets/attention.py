@@ -48,13 +48,15 @@ from torch import nn
 
 from fitdqn.nets.groups import tag
 from fitdqn.ops.attention import last_token_attention
+from fitdqn.ops.linear import linear
 
 
 class LastTokenAttention(nn.Module):
     """``tokens [B, W, d_model] -> [B, d_model]``: LayerNorm(last + out(attention(last -> all tokens))).
 
     ``fused``: the core between the projections is the operator ``fitdqn::last_token_attention`` (Triton on
-    CUDA, the same elementwise maths elsewhere), else :meth:`reference`'s elementwise ops.
+    CUDA, the same elementwise maths elsewhere) and the projections take their bias gradients as matrix-vector
+    products (:func:`fitdqn.ops.linear.linear`), else :meth:`reference`'s elementwise ops and plain layers.
     """
 
     def __init__(self, d_model: int, heads: int, fused: bool = False) -> None:
@@ -73,10 +75,10 @@ class LastTokenAttention(nn.Module):
         if not self.fused:
             return self.reference(tokens)
         last = tokens[:, -1]  # [B, d]
-        q = self.query(last)  # [B, d]
-        kv = self.key_value(tokens)  # [B, W, 2d]
+        q = linear(last, self.query.weight, self.query.bias)  # [B, d]
+        kv = linear(tokens, self.key_value.weight, self.key_value.bias)  # [B, W, 2d]
         attended = last_token_attention(q, kv, self.heads)  # [B, d]: the operator (module docstring)
-        return self.norm(last + self.out(attended))  # [B, d]
+        return self.norm(last + linear(attended, self.out.weight, self.out.bias))  # [B, d]
 
     def reference(self, tokens: torch.Tensor) -> torch.Tensor:
         """The elementwise maths in plain autograd: the unfused path and the fused path's test oracle."""

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fitdqn.nets.groups import tag
+from fitdqn.ops.linear import linear
 
 GEMM_ALIGNMENT = 8  # bf16 elements in 16 bytes
 
@@ -68,8 +69,10 @@ def dueling(value: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
 class BranchingDuelingC51(nn.Module):
     """``features [B, d_model] -> logits [B, branches, max_n, atoms]`` (padded sub-actions: zeros)."""
 
-    def __init__(self, d_model: int, hidden: int, branches: tuple[int, ...], atoms: int) -> None:
+    def __init__(self, d_model: int, hidden: int, branches: tuple[int, ...], atoms: int, fused: bool = False
+                 ) -> None:
         super().__init__()
+        self.fused = fused  # the layers' bias gradients as matrix-vector products (fitdqn.ops.linear)
         self.branches = tuple(branches)
         self.atoms = atoms
         self.max_n = max(branches)
@@ -89,9 +92,10 @@ class BranchingDuelingC51(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         batch = features.shape[0]
-        streams = F.relu(self.hidden(features), inplace=True)  # [B, (1 + branches) * h]
+        layer = linear if self.fused else F.linear
+        streams = F.relu(layer(features, self.hidden.weight, self.hidden.bias), inplace=True)  # [B, (1 + br) h]
         weight, bias = self.folded_output()  # [rows, (1 + branches) * h], [rows]
-        logits = F.linear(streams, weight, bias)  # [B, rows]
+        logits = layer(streams, weight, bias)  # [B, rows]
         width = len(self.branches) * self.max_n * self.atoms
         return logits[:, :width].view(batch, len(self.branches), self.max_n, self.atoms)
 

@@ -19,8 +19,9 @@ from fitdqn.nets.trunk import TokenMLP
 class QNetwork(nn.Module):
     """Features, C51 logits/Q values and IQN quantiles for ``obs [B, W, S]``.
 
-    ``fused``: the trunk's ReLUs run in their products' epilogues, and the IQN head and the attention core run
-    their fused operators (Triton on CUDA; ``net.kernels`` resolved for the device the network runs on,
+    ``fused``: the trunk's ReLUs run in their products' epilogues, the layers take large bias gradients as
+    matrix-vector products (:mod:`fitdqn.ops.linear`), and the IQN head and the attention core run their fused
+    operators (Triton on CUDA; ``net.kernels`` resolved for the device the network runs on,
     ``fitdqn.ops.kernels.resolve_kernels``), else plain layers, the chunked IQN head and the elementwise attention.
     """
 
@@ -31,7 +32,7 @@ class QNetwork(nn.Module):
         self.uniform = all(n == self.max_n for n in self.branches)
         self.tokens = TokenMLP(state_dim, net.trunk_hidden, net.d_model, fused)
         self.attention = LastTokenAttention(net.d_model, net.attention_heads, fused)
-        self.c51 = BranchingDuelingC51(net.d_model, net.stream_hidden, self.branches, net.num_atoms)
+        self.c51 = BranchingDuelingC51(net.d_model, net.stream_hidden, self.branches, net.num_atoms, fused)
         self.iqn = IQNHead(net.d_model, net.iqn_embedding, sum(self.branches), net.iqn_chunk, fused)
         support = torch.linspace(net.v_min, net.v_max, net.num_atoms)
         self.register_buffer("support", support, persistent=False)  # [atoms]

@@ -9,25 +9,21 @@ two nodes as autograd's for ``F.relu_(F.linear(x, w, b))``, built from the same 
     out = relu(x w^T + b)            saved: x and w in the compute dtype, and out (as autograd saves them)
     (the ReLU node first, then the product's, so each saved tensor is released when autograd's is)
     g'  = g * (out > 0)              (threshold_backward)
-    dx  = g' w        dw = g'^T x    db = sum_rows g'
+    dx  = g' w        dw = g'^T x    db = sum_rows g'  (``fitdqn.ops.linear.column_sum``: a matrix-vector
+                                                       product for large gradients, no reduction staging)
 
 Under autocast the inputs are cast to the autocast dtype first, as autocast casts a linear layer's, and the
 weight and bias gradients come back in the parameters' dtype; the bias gradient is summed in the compute dtype,
-as autograd's is. The values equal the unfused layer's (the ReLU commutes with the rounding of the product) and
-so do the saved tensors and their bytes, so the planner's trace of the step is unchanged; every op is an ATen op
-with a meta kernel, so fake tensors trace it without a fake kernel of its own.
+as autograd's is. The values equal the unfused layer's (the ReLU commutes with the rounding of the product; the
+bias gradient within the summation order's rounding) and so do the saved tensors and their bytes; every op is an
+ATen op with a meta kernel, so fake tensors trace it without a fake kernel of its own.
 """
 
 from __future__ import annotations
 
 import torch
 
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    device = x.device.type
-    if torch.is_autocast_enabled(device) and x.dtype.is_floating_point:
-        return torch.get_autocast_dtype(device)
-    return x.dtype
+from fitdqn.ops.linear import compute_dtype, product_grads
 
 
 class ProductBeforeReLU(torch.autograd.Function):
@@ -36,7 +32,7 @@ class ProductBeforeReLU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias):
-        dtype = _compute_dtype(x)
+        dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             xc, wc = x.to(dtype), weight.to(dtype)
             out = torch._addmm_activation(bias.to(dtype), xc, wc.t())  # [M, N]: product, bias and ReLU in one
@@ -46,16 +42,7 @@ class ProductBeforeReLU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_pre):  # grad_pre [M, N]: w.r.t. the product
-        xc, wc = ctx.saved_tensors
-        x_dtype, w_dtype, b_dtype = ctx.dtypes
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (grad_pre @ wc).to(x_dtype)  # [M, K]
-        if ctx.needs_input_grad[1]:
-            grad_w = (grad_pre.t() @ xc).to(w_dtype)  # [N, K]
-        if ctx.needs_input_grad[2]:
-            grad_b = grad_pre.sum(0).to(b_dtype)  # [N]
-        return grad_x, grad_w, grad_b
+        return product_grads(ctx, grad_pre)
 
 
 class ReLUOfProduct(torch.autograd.Function):
@@ -78,6 +65,6 @@ def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
     """``relu(x [M, K] @ weight.T [K, N] + bias [N])`` -> ``[M, N]``; without autograd the one fused call."""
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad):
         return ReLUOfProduct.apply(ProductBeforeReLU.apply(x, weight, bias))
-    dtype = _compute_dtype(x)
+    dtype = compute_dtype(x)
     with torch.autocast(x.device.type, enabled=False):
         return torch._addmm_activation(bias.to(dtype), x.to(dtype), weight.to(dtype).t())

@@ -1,0 +1,89 @@
+"""``x @ weight.T + bias`` whose bias gradient is a matrix-vector product: :func:`linear` and :func:`column_sum`.
+
+Autograd's linear layer (``AddmmBackward``) takes the bias gradient as ``grad.sum(0)``: on CUDA, ATen's generic
+reduction splits the batch rows over thread blocks that stage fp32 partial sums in global memory, up to 4x the
+gradient's bytes (``fitdqn.memory.kernel_scratch``). Those staging buffers were the update's largest transients: at
+batch 8192 the C51 hidden layer's ``[8192, 768]`` gradient stages 48 MiB, the attention key/value and the trunk's
+``[65536, 128]`` 64 MiB each. ``column_sum`` takes the same sum as ``grad^T @ ones`` through cuBLAS's matrix-vector
+product, which reads the gradient once and allocates nothing (cuBLAS keeps its workspace from the first call).
+
+Which way (``benchmarks/bias_grad.py`` on an H200, bf16, torch 2.11; BENCHMARKS.md "Bias gradients"): the product
+is faster from ``[65536, 128]`` up (0.045 against 0.064 ms; 0.040 against 0.069 ms at ``[65536, 256]``) and 0.012 to
+0.018 ms slower on ``[8192, 512..768]``, where it saves 32-48 MiB of the step's peak, and 0.011 ms slower on
+``[65536, 64]``, where it saves 8 MiB. So gradients of at least ``MATRIX_VECTOR_MIN_COLUMNS`` columns take the product
+and narrower ones the reduction. The rule reads the columns only, never the batch: the update then runs the same
+ops at every batch, which the planner's derivation of the step from two traced batches relies on
+(``fitdqn.memory.trace.TraceFit``).
+
+``Linear`` is the autograd of ``F.linear`` for a 2-D input, the same ATen ops as ``AddmmBackward`` except the bias
+gradient: under autocast the input and weight are cast to the autocast dtype (as autocast casts a linear layer's)
+and saved so; the weight and bias gradients come back in the parameters' dtypes:
+
+    out = x w^T + b      dx = g w      dw = g^T x      db = g^T 1 (column_sum)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# bias gradients of at least this many columns take the matrix-vector product (module docstring)
+MATRIX_VECTOR_MIN_COLUMNS = 128
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a linear layer on ``x`` computes in: autocast's where it is on (floating inputs), else ``x``'s."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.dtype.is_floating_point:
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
+def column_sum(grad: torch.Tensor) -> torch.Tensor:
+    """``grad [M, N] -> [N]``: the sum over rows, as a matrix-vector product when the gradient is wide."""
+    if grad.shape[1] < MATRIX_VECTOR_MIN_COLUMNS:
+        return grad.sum(0)
+    return torch.mv(grad.t(), grad.new_ones(grad.shape[0]))  # [N]: cuBLAS, no staging buffer
+
+
+class Linear(torch.autograd.Function):
+    """``apply(x [M, K], weight [N, K], bias [N]) -> x weight^T + bias [M, N]`` (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        dtype = compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            xc, wc = x.to(dtype), weight.to(dtype)
+            out = torch.addmm(bias.to(dtype), xc, wc.t())  # [M, N]
+        ctx.save_for_backward(xc if ctx.needs_input_grad[1] else None, wc if ctx.needs_input_grad[0] else None)
+        ctx.dtypes = (x.dtype, weight.dtype, bias.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # grad_out [M, N]
+        return product_grads(ctx, grad_out)
+
+
+def product_grads(ctx, grad: torch.Tensor):
+    """The gradients of ``x w^T + b`` from ``grad [M, N]`` w.r.t. the product, for a ``Function`` that saved the
+    compute-dtype ``x`` and ``w`` (each only where the other's gradient needs it) and the inputs' dtypes."""
+    xc, wc = ctx.saved_tensors
+    x_dtype, w_dtype, b_dtype = ctx.dtypes
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_x = (grad @ wc).to(x_dtype)  # [M, K]
+    if ctx.needs_input_grad[1]:
+        grad_w = (grad.t() @ xc).to(w_dtype)  # [N, K]
+    if ctx.needs_input_grad[2]:
+        grad_b = column_sum(grad).to(b_dtype)  # [N]
+    return grad_x, grad_w, grad_b
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``x [..., K] @ weight.T [K, N] + bias [N]`` -> ``[..., N]``; without autograd plain ``F.linear``."""
+    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)):
+        return F.linear(x, weight, bias)
+    if x.dim() == 2:
+        return Linear.apply(x, weight, bias)  # [M, N]: its own tensor (an in-place ReLU on it is no CopySlices)
+    out = Linear.apply(x.reshape(-1, x.shape[-1]), weight, bias)  # [M, N]
+    return out.view(*x.shape[:-1], out.shape[-1])  # [..., N]
