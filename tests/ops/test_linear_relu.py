@@ -84,10 +84,15 @@ def storage_bytes(fused: bool) -> list[tuple[tuple[int, ...], torch.dtype]]:
 
 
 def test_fused_trunk_allocates_what_the_unfused_one_does():
-    """The batch-sized storages are the same in number, shape and dtype (the trunk's memory is unchanged)."""
-    fused = storage_bytes(True)
-    assert fused == storage_bytes(False)
+    """The batch-sized activations and gradients are the same in number, shape and dtype; the fused trunk adds
+    one ``[B * W]`` vector of ones per layer, the matrix-vector product's that takes its bias gradient
+    (``fitdqn.ops.linear.column_sum``), where the plain one's reduction stages partial sums on a GPU instead."""
+    fused, plain = storage_bytes(True), storage_bytes(False)
+    matrices = lambda storages: [s for s in storages if len(s[0]) == 2]  # noqa: E731
+    assert matrices(fused) == matrices(plain)
     assert ((128, 512), torch.bfloat16) in fused
+    assert [s for s in fused if len(s[0]) == 1] == [((128,), torch.bfloat16)] * 2
+    assert not [s for s in plain if len(s[0]) == 1]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
