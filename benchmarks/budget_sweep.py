@@ -367,8 +367,8 @@ def print_table(rows: list[dict]) -> None:
             print(f"{'':>6} {r['error'][:200]}")
     ok = [r for r in rows if r.get("status") == "ok"]
     print(f"\nchecks over {len(ok)} measured cards: OOMs zero: {all(r['pass_ooms'] for r in ok)}; "
-          f"allocator reserved peak within {PEAK_TOLERANCE:.0%}: {all(r['pass_peak'] for r in ok)}; "
-          f"free-memory drop within {PEAK_TOLERANCE:.0%}: {all(r.get('pass_free_drop', False) for r in ok)}; "
+          f"allocator reserved peak within {PEAK_TOLERANCE:.1%}: {all(r['pass_peak'] for r in ok)}; "
+          f"free-memory drop within {PEAK_TOLERANCE:.1%}: {all(r.get('pass_free_drop', False) for r in ok)}; "
           f"planned/largest >= {BATCH_RATIO}: {all(r['pass_batch'] for r in ok)}")
 
 
