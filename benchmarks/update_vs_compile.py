@@ -5,7 +5,9 @@
         fitdqn-eager,eager --out /tmp/cpu.json                                                     # smoke
 
 In one process on one device, at each batch size (default 1024, 8192, 16384), on random batches of the learner's
-shapes (``fitdqn.learn.random_batch``: obs ``[B, W, S]``, W = 8, S = ``--state-dim``):
+shapes (``fitdqn.learn.random_batch``: obs ``[B, W, S]``, W = 8, S = ``--state-dim``; fitdqn's observations in
+the learner's autocast dtype, bf16 on CUDA, as the trainer's replay builds them, ``--fitdqn-obs float32`` for the
+plain step's float32):
 
 - ``fitdqn``: ``fitdqn.learn.Learner.update`` (the default CUDA networks: fused Triton operators, bf16 autocast)
   captured by ``fitdqn.device.graphs.capture_graph``, the graph the trainer replays (without the replay's sampling);
@@ -327,8 +329,10 @@ def bench_fitdqn(config: Config, args, device: torch.device, batch_size: int, mo
     torch.manual_seed(0)
     learner = Learner(config, args.state_dim, device)
     learner.set_batch_size(batch_size)
-    batch = random_batch(config, args.state_dim, batch_size, device, 0)
+    obs_dtype = learner.autocast_dtype if args.fitdqn_obs == "learner" and learner.autocast_dtype else torch.float32
+    batch = random_batch(config, args.state_dim, batch_size, device, 0, obs_dtype=obs_dtype)
     row = row_name(mode, batch_size)
+    row["obs_dtype"] = str(obs_dtype).removeprefix("torch.")
     if mode == "fitdqn-eager":
         first = seconds_of(lambda: learner.update(batch), device)
         row["peak_bytes"] = peak_bytes(lambda: learner.update(batch), device)
@@ -588,6 +592,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=100, help="timed calls per row (median)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed calls before timing")
     parser.add_argument("--state-dim", type=int, default=80, help="features per bar token")
+    parser.add_argument("--fitdqn-obs", choices=("learner", "float32"), default="learner",
+                        help="dtype of the observations fitdqn's update gets: 'learner' as the trainer's replay "
+                             "builds them (the autocast dtype: bf16 on CUDA), or float32 as the plain step's")
     parser.add_argument("--compile-limit", type=float, default=240.0,
                         help="seconds a torch.compile may take before its row is skipped (0: no limit)")
     parser.add_argument("--max-autotune-batches", default="",

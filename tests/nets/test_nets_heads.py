@@ -125,10 +125,11 @@ def test_qnetwork_and_value_net_shapes():
     assert ValueNet(10, 16)(obs[:, -1]).shape == (3,)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("branches", [(5, 5, 5), (5, 3, 4), (2,)])
-def test_folded_c51_head_equals_per_branch_dueling_with_the_same_gradients(branches):
+def test_folded_c51_head_equals_per_branch_dueling_with_the_same_gradients(branches, fused):
     torch.manual_seed(0)
-    head = BranchingDuelingC51(16, 8, branches, 11).double()
+    head = BranchingDuelingC51(16, 8, branches, 11, fused=fused).double()
     features = torch.randn(7, 16, dtype=torch.float64, requires_grad=True)
     upstream = torch.randn(7, len(branches), max(branches), 11, dtype=torch.float64)
     folded, plain = head(features), head.reference(features)

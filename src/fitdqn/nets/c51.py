@@ -5,7 +5,8 @@ combined per branch on the logits: ``logits_d = V + A_d - mean_a A_d`` (the mean
 sub-actions), then a softmax over atoms gives each sub-action's return distribution on the support.
 
 All streams' first layers are one fused ``Linear(d_model, (1 + branches) * stream_hidden)`` (one matmul,
-one autocast cast of the features); each stream has its own output layer. Branches of unequal size are
+one autocast cast of the features; with the fused kernel set its ReLU runs in the product's epilogue,
+``fitdqn.ops.linear_relu``); each stream has its own output layer. Branches of unequal size are
 padded to the largest one: padded sub-actions get zero logits and ``valid_actions`` marks them invalid.
 
 The output layers are a few columns wider than they need be (:func:`aligned_width`: 51 -> 56 atoms, 5 x 51 =
@@ -35,6 +36,7 @@ from torch import nn
 
 from fitdqn.nets.groups import tag
 from fitdqn.ops.linear import linear
+from fitdqn.ops.linear_relu import linear_relu
 
 GEMM_ALIGNMENT = 8  # bf16 elements in 16 bytes
 
@@ -72,7 +74,7 @@ class BranchingDuelingC51(nn.Module):
     def __init__(self, d_model: int, hidden: int, branches: tuple[int, ...], atoms: int, fused: bool = False
                  ) -> None:
         super().__init__()
-        self.fused = fused  # the layers' bias gradients as matrix-vector products (fitdqn.ops.linear)
+        self.fused = fused  # the hidden layer as fitdqn.ops.linear_relu, the output as fitdqn.ops.linear
         self.branches = tuple(branches)
         self.atoms = atoms
         self.max_n = max(branches)
@@ -92,8 +94,12 @@ class BranchingDuelingC51(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         batch = features.shape[0]
-        layer = linear if self.fused else F.linear
-        streams = F.relu(layer(features, self.hidden.weight, self.hidden.bias), inplace=True)  # [B, (1 + br) h]
+        if self.fused:  # the ReLU in the product's epilogue, the bias gradient a matrix-vector product
+            layer = linear
+            streams = linear_relu(features, self.hidden.weight, self.hidden.bias)  # [B, (1 + br) h]
+        else:
+            layer = F.linear
+            streams = F.relu(layer(features, self.hidden.weight, self.hidden.bias), inplace=True)  # [B, (1 + br) h]
         weight, bias = self.folded_output()  # [rows, (1 + branches) * h], [rows]
         logits = layer(streams, weight, bias)  # [B, rows]
         width = len(self.branches) * self.max_n * self.atoms
