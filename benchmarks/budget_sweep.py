@@ -21,7 +21,9 @@ caps, caches, graphs and loaded kernels do not leak between cards):
    **both within +-1.5 %** (``max_memory_allocated`` is recorded too: it leaves out the graph pools' slack);
 4. with everything else still allocated, find the real largest batch by bisection on the trainer's update
    step (``set_batch_size``, graph re-captured, ``torch.OutOfMemoryError`` caught, cache emptied between
-   tries): **planned / largest >= 0.95**.
+   tries): **planned / largest >= 0.95**. The search stops at the most transitions the replay serves at once
+   (``fitdqn.plan.build.sampleable_capacity``), the planner's bound on the batch too: on a card whose memory
+   fits more than that (``capped``, the table's ``*``) the plan is judged against the bound.
 
 Under ``set_per_process_memory_fraction`` PyTorch's allocator charges the whole rounded request before it grows an
 expandable segment, even when the growth reuses the segment's free end (``alloc_block``; the allocator model's
@@ -129,6 +131,7 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
     from fitdqn.config import with_overrides
     from fitdqn.device.probe import DeviceInfo
     from fitdqn.evaluate.compare import evaluate_split
+    from fitdqn.plan.build import sampleable_capacity
     from fitdqn.plan.planner import InfeasiblePlan
     from fitdqn.train.oom import OomGuard
     from fitdqn.train.trainer import Trainer
@@ -235,13 +238,16 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
         row["tries"] = tries
         return ok
 
+    # no batch above what the replay serves at once: the planner's bound too (``sampleable_capacity``)
+    cap = min(sampleable_capacity(trainer.config, plan.replay_capacity), 1 << 22)
     low = plan.batch_size
     if fits(low):
-        high = low * 2
-        while fits(high):
-            low, high = high, high * 2
-            if high > (1 << 22):
+        high = low
+        while low < cap:
+            high = min(low * 2, cap)
+            if not fits(high):
                 break
+            low = high
     else:
         high = low
         low = low // 2
@@ -253,7 +259,8 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
             low = middle
         else:
             high = middle
-    row.update(largest_batch=low, batch_ratio=plan.batch_size / low if low >= 1 else None, tries=tries)
+    row.update(largest_batch=low, batch_ratio=plan.batch_size / low if low >= 1 else None, tries=tries,
+               batch_cap=cap, capped=low == cap)
     row.pop("phase", None)
     row["pass_ooms"] = row["ooms"] == 0
     row["pass_peak"] = abs(row["peak_error"]) <= PEAK_TOLERANCE
@@ -358,7 +365,8 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         status = r.get("status", "?")
         print(f"{r['card_gib']:>6g} {status[:10]:<10} {fmt(r.get('planned_batch'), 'd'):>8} "
-              f"{fmt(r.get('largest_batch'), 'd'):>8} {fmt(r.get('batch_ratio'), '.3f'):>6} "
+              f"{fmt(r.get('largest_batch'), 'd') + ('*' if r.get('capped') else ''):>8} "
+              f"{fmt(r.get('batch_ratio'), '.3f'):>6} "
               f"{fmt(r.get('ooms'), 'd'):>4} {fmt(r.get('planned_bytes'), '.3f', GIB):>11} "
               f"{fmt(r.get('reserved_peak_bytes'), '.3f', GIB):>12} {fmt(r.get('peak_error'), '+.1%'):>7} "
               f"{fmt(r.get('free_drop_bytes'), '.3f', GIB):>13} {fmt(r.get('free_drop_error'), '+.1%'):>7} "
@@ -370,6 +378,8 @@ def print_table(rows: list[dict]) -> None:
           f"allocator reserved peak within {PEAK_TOLERANCE:.1%}: {all(r['pass_peak'] for r in ok)}; "
           f"free-memory drop within {PEAK_TOLERANCE:.1%}: {all(r.get('pass_free_drop', False) for r in ok)}; "
           f"planned/largest >= {BATCH_RATIO}: {all(r['pass_batch'] for r in ok)}")
+    if any(r.get("capped") for r in ok):
+        print("* the replay's bound: the card fits more, the replay serves no larger batch (the planner's bound)")
 
 
 def main(argv: list[str] | None = None) -> int:
