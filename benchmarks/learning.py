@@ -88,8 +88,20 @@ def run(args: argparse.Namespace) -> None:
     print(json.dumps({k: result[k] for k in ("seed", "seconds", "updates", "batch_size", "test")}))
 
 
+def read_runs(paths: list[str]) -> list[dict]:
+    """The runs in ``paths``: each file holds one run (``run --out``) or a list of them (``summary --bundle``)."""
+    runs: list[dict] = []
+    for path in paths:
+        content = json.loads(Path(path).read_text())
+        runs.extend(content if isinstance(content, list) else [content])
+    return runs
+
+
 def summary(args: argparse.Namespace) -> None:
-    runs = [json.loads(Path(p).read_text()) for p in args.files]
+    runs = read_runs(args.files)
+    if args.bundle:  # one file for many runs: a results folder (or a device's return) keeps one file, not N
+        Path(args.bundle).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.bundle).write_text(json.dumps(runs, indent=1))
     print(f"{len(runs)} runs on {runs[0]['device']}, batch {sorted({r['batch_size'] for r in runs})}, "
           f"updates {sorted({r['updates'] for r in runs})}, commit {sorted({r['commit'] for r in runs})}")
     print("| split | policy | median Sharpe | range |")
@@ -131,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     one.add_argument("--out", required=True)
     one.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
     many = sub.add_parser("summary", help="median and range over run files")
-    many.add_argument("files", nargs="+")
+    many.add_argument("files", nargs="+", help="run files (one run each, or a bundle of runs)")
+    many.add_argument("--bundle", default="", help="also write all the runs read into this one JSON file (a list)")
     many.add_argument("--plot", default="", help="learning-curve PNG")
     args = parser.parse_args(argv)
     run(args) if args.command == "run" else summary(args)
