@@ -9,8 +9,7 @@
 # Every run writes one JSON (benchmarks/learning.py run: test/validation Sharpe of the agent, buy-and-hold, random,
 # last-bar momentum; wall seconds; updates; samples) and its log under $RUNS (default $OUT/runs); $OUT gets a few
 # files only: all the runs in one JSON ($OUT/learning_runs.json), the summary ($OUT/summary.txt), the timeline and
-# the time-to-skill results
-# (where only a few files come back, as from the device machine, set RUNS outside $OUT).
+# the time-to-skill results. Where only a few files come back (the device machine), set RUNS outside $OUT.
 set -u
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-results}
