@@ -22,6 +22,7 @@ from fitdqn.evaluate.backtest import evaluate_config
 from fitdqn.evaluate.baselines import greedy_policy
 from fitdqn.market.env import FuturesEnv
 from fitdqn.market.loader import load_market
+from fitdqn.train.checkpoint import best_network_weights
 from fitdqn.train.run import train
 
 TINY = {
@@ -165,7 +166,7 @@ def test_exported_program_picks_the_learners_actions(policy, market, tmp_path):
     for obs in (real, noise, real[:1]):  # the batch dimension is dynamic
         actions, q = module(obs)
         assert actions.dtype == torch.int64 and q.shape == (obs.shape[0], 3, 5)
-        assert torch.equal(actions, policy.learner.act(obs, torch.zeros(())))
+        assert torch.equal(actions, policy.learner.act(obs, torch.zeros(()), network=policy.learner.evaluated))
     assert meta["branches"]["target_contracts"] == [-2.0, -1.0, 0.0, 1.0, 2.0]
     assert meta["inputs"]["obs"] == ["batch", 4, 80] and len(meta["feature_names"]) + len(meta["agent_fields"]) == 80
 
@@ -196,7 +197,7 @@ def test_export_command(run_dir, tmp_path, capsys):
 def test_act_uses_the_network_the_report_is_about_unless_told_otherwise(run_dir, policy):
     best = torch.load(run_dir / "best.pt", weights_only=True)
     for name, tensor in policy.learner.online.state_dict().items():
-        assert torch.equal(tensor, best["online"][name]), name
+        assert torch.equal(tensor, best["network"][name]), name
     assert policy.epoch == best["epoch"]
     last = load_run_policy(run_dir, "cpu", "last")
     state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
@@ -211,3 +212,29 @@ def test_act_without_best_pt_names_the_option(run_dir, tmp_path):
     with pytest.raises(UserError, match="--network last"):
         load_run_policy(moved, "cpu")
     assert load_run_policy(moved, "cpu", "last").epoch >= 1
+
+
+def test_the_target_network_when_asked_is_the_one_reported_acted_with_and_exported(tmp_path):
+    path = tmp_path / "target"
+    train(with_overrides(Config(), {**TINY, "evaluate.network": "target"}), path, console=Console(file=io.StringIO()))
+    best = torch.load(path / "best.pt", weights_only=True)
+    last = torch.load(path / "checkpoint.pt", weights_only=True)["learner"]
+    assert best["epoch"] == 2  # the one validation: the final network's, whose target is the checkpoint's
+    for name, tensor in best["network"].items():
+        assert torch.equal(tensor, last["target"][name]), name
+    assert not all(torch.equal(tensor, last["online"][name]) for name, tensor in best["network"].items())
+    policy = load_run_policy(path, "cpu")
+    learner = policy.learner
+    assert learner.evaluated is learner.target
+    obs = torch.randn(64, 4, 80)
+    by_target = learner.act(obs, torch.zeros(()), network=learner.target)
+    assert torch.equal(greedy_policy(learner)(obs), by_target)
+    assert not torch.equal(by_target, learner.act(obs, torch.zeros(())))  # the online network picks otherwise
+    actions, _ = load_exported(export_policy(policy, tmp_path / "policy.pt2"))[0].module()(obs)
+    assert torch.equal(actions, by_target)
+
+
+def test_best_pt_of_older_versions_keeps_its_network_under_online():
+    weights = {"w": torch.ones(2)}
+    assert best_network_weights({"online": weights}) is weights
+    assert best_network_weights({"network": weights, "online": {}}) is weights

@@ -54,10 +54,11 @@ class ActingNetwork(nn.Module):
 
 
 def acting_network(policy: RunPolicy) -> ActingNetwork:
-    """A CPU fp32 copy of the run's online network with the plain PyTorch kernels, wrapped to act greedily."""
+    """A CPU fp32 copy of the run's evaluated network (``evaluate.network``) with the plain PyTorch kernels,
+    wrapped to act greedily."""
     config = policy.config
     net = QNetwork(config.net, policy.learner.state_dim, fused=False)
-    net.load_state_dict({k: v.detach().float().cpu() for k, v in policy.learner.online.state_dict().items()})
+    net.load_state_dict({k: v.detach().float().cpu() for k, v in policy.learner.evaluated.state_dict().items()})
     learn = config.learn
     return ActingNetwork(net, learn.risk, learn.cvar_alpha, config.net.iqn_act_quantiles).eval()
 

@@ -14,7 +14,7 @@ from fitdqn.learn.learner import Learner
 from fitdqn.market.contract import ContractSpec
 from fitdqn.market.env import STATE_DIM, market_goal_unit
 from fitdqn.market.loader import load_market, market_contract
-from fitdqn.train.checkpoint import load_checkpoint
+from fitdqn.train.checkpoint import best_network_weights, load_checkpoint
 
 
 @dataclass
@@ -65,7 +65,7 @@ def load_run_policy(run_dir: str | Path, device: torch.device | str, network: st
     learner = Learner(config, STATE_DIM, device)
     try:
         if network == "best":
-            learner.online.load_state_dict(state["online"])
+            learner.evaluated.load_state_dict(best_network_weights(state))
         else:
             learner.load_state_dict(state["learner"])
     except (KeyError, RuntimeError, ValueError) as error:

@@ -33,7 +33,7 @@ def greedy_policy(learner: Learner):
     zero = torch.zeros((), device=learner.device)
 
     def act(obs: Tensor) -> Tensor:
-        return learner.act(obs.to(learner.device), zero)
+        return learner.act(obs.to(learner.device), zero, network=learner.evaluated)
 
     return act
 

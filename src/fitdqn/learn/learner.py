@@ -182,13 +182,21 @@ class Learner:
 
     # ------------------------------------------------------------------ acting
 
-    def act(self, obs: torch.Tensor, epsilon: torch.Tensor, generator: torch.Generator | None = None
-            ) -> torch.Tensor:
-        """``obs [E, W, S]``, ``epsilon`` float tensor -> ``[E, branches]`` int64 (learn.risk decides)."""
+    @property
+    def evaluated(self) -> QNetwork:
+        """The network backtests, ``best.pt`` and the report use (``evaluate.network``): the online one, or the
+        target network (its Polyak average). Its parameters are read in place, so a captured backtest follows
+        the updates."""
+        return self.target if self.config.evaluate.network == "target" else self.online
+
+    def act(self, obs: torch.Tensor, epsilon: torch.Tensor, generator: torch.Generator | None = None,
+            network: QNetwork | None = None) -> torch.Tensor:
+        """``obs [E, W, S]``, ``epsilon`` float tensor -> ``[E, branches]`` int64 (learn.risk decides), by the
+        online network (collection) or ``network`` (``evaluated`` for the backtests)."""
         cfg = self.learn_config
         with autocast(self.device, self.autocast_dtype):
-            return select_actions(self.online, obs, epsilon, cfg.risk, cfg.cvar_alpha,
-                                  self.net_config.iqn_act_quantiles, generator)
+            return select_actions(network if network is not None else self.online, obs, epsilon, cfg.risk,
+                                  cfg.cvar_alpha, self.net_config.iqn_act_quantiles, generator)
 
     # ------------------------------------------------------------------ state
 

@@ -21,8 +21,8 @@ from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 from fitdqn.files import atomic_write_bytes, atomic_write_text
 
-__all__ = ["CheckpointError", "atomic_write_bytes", "atomic_write_text", "checkpoint_summary", "load_checkpoint",
-           "save_checkpoint", "tensor_bytes"]
+__all__ = ["BEST_NETWORK", "CheckpointError", "atomic_write_bytes", "atomic_write_text", "best_network_weights",
+           "checkpoint_summary", "load_checkpoint", "save_checkpoint", "tensor_bytes"]
 
 FORMAT_VERSION = 1
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
@@ -35,11 +35,18 @@ WHAT = {  # what each top-level entry of a checkpoint holds, in words (the `cont
     "history": "the per-epoch metrics so far",
     "config": "the run's config",
     "logs": "how many metrics.jsonl records the checkpoint covers (the rest are rolled back on resume)",
+    "network": "the weights of the network the report is about (evaluate.network: the online or the target one)",
 }
+BEST_NETWORK = "network"  # best.pt's entry of the evaluated network's weights ('online' in older files)
 
 
 class CheckpointError(UserError):
     """A checkpoint that cannot be used; the message names the file and what to do."""
+
+
+def best_network_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The evaluated network's weights of a best.pt state (``BEST_NETWORK``; older files call them 'online')."""
+    return state[BEST_NETWORK] if BEST_NETWORK in state else state["online"]
 
 
 def tensor_bytes(value: Any) -> int:

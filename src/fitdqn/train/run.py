@@ -48,7 +48,14 @@ from fitdqn.market.env import STATE_DIM
 from fitdqn.market.loader import Market, load_market
 from fitdqn.plan.report import plot_plan, print_plan
 from fitdqn.train import distributed
-from fitdqn.train.checkpoint import atomic_write_text, checkpoint_summary, load_checkpoint, save_checkpoint
+from fitdqn.train.checkpoint import (
+    BEST_NETWORK,
+    atomic_write_text,
+    best_network_weights,
+    checkpoint_summary,
+    load_checkpoint,
+    save_checkpoint,
+)
 from fitdqn.train.logs import METRICS_NAME, TENSORBOARD_DIR, RunLogger, read_jsonl
 from fitdqn.train.memory_check import backtest_growth_note, format_rows, peak_memory_row
 from fitdqn.train.oom import OomGuard
@@ -462,7 +469,7 @@ def keep_best(trainer: Trainer, run_dir: Path, record: dict[str, Any]) -> None:
     earlier = [r.get("validation_sharpe") for r in trainer.history if "validation_sharpe" in r]
     if score is not None and all(e is None or score > e for e in earlier):
         save_checkpoint(run_dir / BEST_NAME, {"epoch": record["epoch"], "validation_sharpe": score,
-                                              "online": trainer.learner.online.state_dict()})
+                                              BEST_NETWORK: trainer.learner.evaluated.state_dict()})
 
 
 def select_network(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
@@ -479,11 +486,11 @@ def select_network(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
         else None
     if best is not None and best["validation_sharpe"] is not None and (  # a tie keeps the earlier network
             final_score is None or best["validation_sharpe"] >= final_score):
-        trainer.learner.online.load_state_dict(best["online"])
+        trainer.learner.evaluated.load_state_dict(best_network_weights(best))
         epoch, score = int(best["epoch"]), float(best["validation_sharpe"])
     else:
         save_checkpoint(run_dir / BEST_NAME, {"epoch": trainer.epoch, "validation_sharpe": final_score,
-                                              "online": trainer.learner.online.state_dict()})
+                                              BEST_NETWORK: trainer.learner.evaluated.state_dict()})
         epoch, score = trainer.epoch, final_score
     scored = [s for _, s in candidates if s is not None]
     reason = (f"the highest validation Sharpe ({score:.2f}) of {len(candidates)} validation backtest(s)"
@@ -561,7 +568,7 @@ def load_network(run_dir: Path, device, which: str = "best"):
     learner = Learner(config, STATE_DIM, device)
     try:
         if which == "best":
-            learner.online.load_state_dict(state["online"])
+            learner.evaluated.load_state_dict(best_network_weights(state))
         else:
             learner.load_state_dict(state["learner"])
     except (KeyError, RuntimeError, ValueError) as error:
