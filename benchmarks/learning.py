@@ -4,6 +4,8 @@
     python benchmarks/learning.py run --seed 0 --out results/cpu_default_s0.json [--set train.device=cpu ...]
     # the median and range over runs, a markdown table (and a learning-curve PNG with --plot):
     python benchmarks/learning.py summary results/cpu_default_s*.json [--plot curve.png]
+    # a variant against a base, seed by seed: the mean paired difference and its standard error per split
+    python benchmarks/learning.py compare --base results/cpu_default_s*.json --variant results/cpu_x_s*.json
 
 Each run records the test and validation Sharpe of the agent, buy-and-hold, a random policy and the last-bar
 momentum rule (position = max_contracts x sign of the decision bar's return, no stop or take-profit), the
@@ -135,6 +137,31 @@ def summary(args: argparse.Namespace) -> None:
         fig.savefig(args.plot, dpi=110)
 
 
+def paired(base: list[dict], variant: list[dict], split: str) -> dict:
+    """The variant's agent minus the base's on ``split``, over the seeds both have: mean, standard error,
+    how many seeds are positive, and the two medians."""
+    by_seed = {r["seed"]: r[split]["agent"] for r in base}
+    pairs = [(by_seed[r["seed"]], r[split]["agent"]) for r in variant if r["seed"] in by_seed]
+    if len(pairs) < 2:
+        raise SystemExit(f"compare: {len(pairs)} seed(s) in both sets; pairing needs at least 2")
+    differences = [v - b for b, v in pairs]
+    return {"seeds": len(pairs), "mean": statistics.fmean(differences),
+            "standard_error": statistics.stdev(differences) / len(differences) ** 0.5,
+            "positive": sum(d > 0 for d in differences), "base_median": statistics.median(b for b, _ in pairs),
+            "variant_median": statistics.median(v for _, v in pairs)}
+
+
+def compare(args: argparse.Namespace) -> None:
+    base, variant = read_runs(args.base), read_runs(args.variant)
+    print("| split | seeds | base median | variant median | paired difference (+- s.e.) | seeds above |")
+    print("|---|---:|---:|---:|---|---:|")
+    for split in ("validation", "test"):
+        p = paired(base, variant, split)
+        print(f"| {split} | {p['seeds']} | {p['base_median']:.2f} | {p['variant_median']:.2f} | "
+              f"{p['mean']:+.3f} +- {p['standard_error']:.3f} | {p['positive']} |")
+    print("choose on the validation row (the test split chooses nothing)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -146,8 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     many.add_argument("files", nargs="+", help="run files (one run each, or a bundle of runs)")
     many.add_argument("--bundle", default="", help="also write all the runs read into this one JSON file (a list)")
     many.add_argument("--plot", default="", help="learning-curve PNG")
+    pair = sub.add_parser("compare", help="a variant against a base, paired by seed")
+    pair.add_argument("--base", nargs="+", required=True, help="the base's run files or bundles")
+    pair.add_argument("--variant", nargs="+", required=True, help="the variant's run files or bundles")
     args = parser.parse_args(argv)
-    run(args) if args.command == "run" else summary(args)
+    {"run": run, "summary": summary, "compare": compare}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""benchmarks/learning.py summary: run files and bundles of runs read alike; a bundle keeps every run."""
+"""benchmarks/learning.py summary and compare: run files and bundles read alike; a bundle keeps every run; pairs
+by seed."""
 
 from __future__ import annotations
 
@@ -29,3 +30,18 @@ def test_bundle_round_trip(tmp_path, capsys):
     learning.main(["summary", str(bundle)])
     assert capsys.readouterr().out == from_files  # the same table from the bundle
     assert "| test | agent | 2.00 | 1.00 .. 3.00 |" in from_files
+
+
+def test_compare_pairs_by_seed(tmp_path, capsys):
+    learning = load_benchmark("learning")
+    base = [fake_run(seed, agent) for seed, agent in enumerate([1.0, 2.0, 3.0, 4.0])]
+    variant = [fake_run(seed, agent) for seed, agent in [(3, 4.5), (1, 2.0), (2, 3.5), (7, 9.0)]]  # seed 7 unpaired
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "variant.json").write_text(json.dumps(variant))
+    result = learning.paired(base, variant, "validation")
+    assert result["seeds"] == 3 and result["positive"] == 2
+    assert abs(result["mean"] - 1 / 3) < 1e-12  # differences 0, 0.5, 0.5
+    assert abs(result["standard_error"] - (1 / 12) ** 0.5 / 3 ** 0.5) < 1e-12  # their stdev is sqrt(1/12)
+    assert result["base_median"] == 3.0 and result["variant_median"] == 3.5
+    learning.main(["compare", "--base", str(tmp_path / "base.json"), "--variant", str(tmp_path / "variant.json")])
+    assert "| validation | 3 | 3.00 | 3.50 | +0.333 +- 0.167 | 2 |" in capsys.readouterr().out
