@@ -34,8 +34,12 @@ def _same(a, b) -> None:
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
 
 
-def test_graphed_backtests_equal_the_eager_one_and_read_the_network_as_it_is_then(setup):
-    config, market, learner = setup
+@pytest.mark.parametrize("network", ["online", "target"])
+def test_graphed_backtests_equal_the_eager_one_and_read_the_network_as_it_is_then(setup, network):
+    config, market, _ = setup
+    config = with_overrides(config, {"evaluate.network": network})
+    learner = Learner(config, STATE_DIM, torch.device("cuda"))
+    assert learner.evaluated is getattr(learner, network)
     sizes = SplitSizes.of_config(config, market)
     graphs = BacktestGraphs(torch.cuda.Stream())
     for split in ("validation", "test"):
@@ -45,7 +49,7 @@ def test_graphed_backtests_equal_the_eager_one_and_read_the_network_as_it_is_the
         _same(first, eager)
         _same(again, eager)
     with torch.no_grad():  # a new network, in place (as the optimizer changes it)
-        for p in learner.online.parameters():
+        for p in learner.evaluated.parameters():
             p.mul_(-1.5)
     eager = evaluate_policy(greedy_policy(learner), market, "validation", sizes)
     _same(evaluate_policy(greedy_policy(learner), market, "validation", sizes, runner=graphs, key="agent"), eager)
