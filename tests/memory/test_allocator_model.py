@@ -370,7 +370,7 @@ def test_cuda_graphs_component_of_the_learner_step(kernels):
     far = 2 * GRAPH_POOL_BATCHES[1]
     anchored = cuda_graphs_component(config, device, tracer, 128 * 64, note, far)
     pool, beyond = pool_and_slack(far)
-    assert beyond <= anchored.bytes_at(far) <= beyond + LARGE_BUFFER + SMALL_BUFFER + far  # footprint to whole pages
+    assert beyond <= anchored.bytes_at(far) < beyond + far  # the modelled pool there, to a byte a sample
 
 
 def test_cuda_graphs_component_is_zero_without_graphs():

@@ -48,8 +48,6 @@ from fitdqn.device.sizes import format_bytes
 from fitdqn.learn.schedule import Schedule
 from fitdqn.market.layout import STATE_DIM, env_state_bytes, market_bytes, transition_spec
 from fitdqn.memory.allocator_model import (
-    LARGE_BUFFER,
-    SMALL_BUFFER,
     expandable_segments_enabled,
     pool_line,
 )
@@ -396,23 +394,24 @@ def cuda_graphs_component(config: Config, device: DeviceInfo, tracer: Tracer, ca
                          "train.cuda_graphs is off: the update runs eagerly, no graph pool")
     expandable = expandable_segments_enabled()
     mode = "expandable segments" if expandable else "default allocator, no expandable segments"
-    pages = LARGE_BUFFER + SMALL_BUFFER if expandable else 0
     if anchor is None:
         small, large = (tracer.step(capacity, b, pools=True) for b in GRAPH_POOL_BATCHES)
         fit = pool_line(((small.batch_size, small.step_bytes, small.pool(expandable)),
                          (large.batch_size, large.step_bytes, large.pool(expandable))), expandable)
         fixed, per_sample, allocations = fit.fixed_bytes, fit.per_sample_bytes, fit.usages[1].allocations
         at = f"at batch {fit.batches[0]} and {fit.batches[1]}"
+        if expandable:
+            at += ", + one 20 MiB and one 2 MiB page of mapping granularity"
     else:
+        # the pool the model reserves at the anchor, its mapped end rounded to whole pages: exact there (the batch
+        # the plan settles on is always an anchor), so no page allowance on top
         summary = tracer.step(capacity, anchor, pools=True)
         usage = summary.pool(expandable)
-        beyond = (usage.footprint_bytes if expandable else usage.reserved_bytes) - summary.step_bytes
-        fixed, per_sample, allocations = pages, -(-max(beyond, 0) // anchor), usage.allocations
-        at = f"at batch {anchor}, in proportion"
+        beyond = usage.reserved_bytes - summary.step_bytes
+        fixed, per_sample, allocations = 0, -(-max(beyond, 0) // anchor), usage.allocations
+        at = f"at batch {anchor}, in proportion (the pool's mapped end in whole pages)"
     text = (f"allocator model over the traced step's {allocations} allocations ({mode}): "
             f"pool reserved - step live peak {at}")
-    if expandable:
-        text += ", + one 20 MiB and one 2 MiB page of mapping granularity"
     return Component(ComponentName.CUDA_GRAPHS, fixed, per_sample, text + (f" ({note})" if note else ""))
 
 
