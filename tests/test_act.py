@@ -177,7 +177,7 @@ def test_exported_cvar_policy_matches_the_quantile_head(policy, market, tmp_path
     program, meta = load_exported(export_policy(cvar, tmp_path / "cvar.pt2"))
     obs = observations(policy, market)
     actions, q = program.module()(obs)
-    net, k, alpha = policy.learner.online, config.net.iqn_act_quantiles, config.learn.cvar_alpha
+    net, k, alpha = policy.learner.evaluated, config.net.iqn_act_quantiles, config.learn.cvar_alpha
     taus = (alpha * (torch.arange(k) + 0.5) / k).expand(obs.shape[0], -1)  # the export's fixed levels
     with torch.no_grad():
         expected = net.quantiles(net.features(obs), taus).mean(1)  # [B, 3, 5] through the learner's own head
@@ -196,13 +196,14 @@ def test_export_command(run_dir, tmp_path, capsys):
 
 def test_act_uses_the_network_the_report_is_about_unless_told_otherwise(run_dir, policy):
     best = torch.load(run_dir / "best.pt", weights_only=True)
-    for name, tensor in policy.learner.online.state_dict().items():
+    for name, tensor in policy.learner.evaluated.state_dict().items():
         assert torch.equal(tensor, best["network"][name]), name
     assert policy.epoch == best["epoch"]
     last = load_run_policy(run_dir, "cpu", "last")
     state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    for name, tensor in last.learner.online.state_dict().items():
-        assert torch.equal(tensor, state["learner"]["online"][name]), name
+    for part in ("online", "target"):
+        for name, tensor in getattr(last.learner, part).state_dict().items():
+            assert torch.equal(tensor, state["learner"][part][name]), name
 
 
 def test_act_without_best_pt_names_the_option(run_dir, tmp_path):
@@ -212,6 +213,17 @@ def test_act_without_best_pt_names_the_option(run_dir, tmp_path):
     with pytest.raises(UserError, match="--network last"):
         load_run_policy(moved, "cpu")
     assert load_run_policy(moved, "cpu", "last").epoch >= 1
+
+
+def test_online_network_when_asked_is_the_one_reported(tmp_path):
+    path = tmp_path / "online"
+    train(with_overrides(Config(), {**TINY, "evaluate.network": "online"}), path, console=Console(file=io.StringIO()))
+    best = torch.load(path / "best.pt", weights_only=True)
+    last = torch.load(path / "checkpoint.pt", weights_only=True)["learner"]
+    for name, tensor in best["network"].items():
+        assert torch.equal(tensor, last["online"][name]), name
+    policy = load_run_policy(path, "cpu")
+    assert policy.learner.evaluated is policy.learner.online
 
 
 def test_the_target_network_when_asked_is_the_one_reported_acted_with_and_exported(tmp_path):

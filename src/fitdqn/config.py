@@ -311,9 +311,10 @@ class EvaluateConfig:
         "least learn.n_step", ge=-1)
     seeds: int = knob(1, "training seeds (train.seed, +1, ...), each its own run directory; reported together", ge=1)
     network: str = knob(
-        "online", "the network the backtests, best.pt, the report, act and export use: 'online' (the one the "
-        "updates train) or 'target' (its Polyak average, learn.target_tau; collection explores with the online "
-        "one either way)", choices=("online", "target"))
+        "target", "the network the backtests, best.pt, the report, act and export use: 'target' (the Polyak "
+        "average of the trained one, learn.target_tau; validates higher: BENCHMARKS.md 'Which network') or "
+        "'online' (the one the updates train); collection explores with the online one either way",
+        choices=("online", "target"))
     bootstrap_samples: int = knob(2000, "stationary block bootstrap resamples for Sharpe confidence intervals", ge=100)
     block_length: float = knob(0.0, "mean bootstrap block length in bars; 0 = auto: n^(1/3)", ge=0)
     confidence: float = knob(0.95, "confidence level of the intervals", ge=0.5, lt=1)
