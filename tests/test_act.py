@@ -217,7 +217,8 @@ def test_act_without_best_pt_names_the_option(run_dir, tmp_path):
 
 def test_online_network_when_asked_is_the_one_reported(tmp_path):
     path = tmp_path / "online"
-    train(with_overrides(Config(), {**TINY, "evaluate.network": "online"}), path, console=Console(file=io.StringIO()))
+    config = with_overrides(Config(), {**TINY, "evaluate.reported_network": "online"})
+    train(config, path, console=Console(file=io.StringIO()))
     best = torch.load(path / "best.pt", weights_only=True)
     last = torch.load(path / "checkpoint.pt", weights_only=True)["learner"]
     for name, tensor in best["network"].items():
@@ -228,7 +229,8 @@ def test_online_network_when_asked_is_the_one_reported(tmp_path):
 
 def test_the_target_network_when_asked_is_the_one_reported_acted_with_and_exported(tmp_path):
     path = tmp_path / "target"
-    train(with_overrides(Config(), {**TINY, "evaluate.network": "target"}), path, console=Console(file=io.StringIO()))
+    config = with_overrides(Config(), {**TINY, "evaluate.reported_network": "target"})
+    train(config, path, console=Console(file=io.StringIO()))
     best = torch.load(path / "best.pt", weights_only=True)
     last = torch.load(path / "checkpoint.pt", weights_only=True)["learner"]
     assert best["epoch"] == 2  # the one validation: the final network's, whose target is the checkpoint's

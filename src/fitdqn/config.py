@@ -310,7 +310,7 @@ class EvaluateConfig:
         -1, "bars left out between a fold's train, validation and test ranges; -1 = auto: 1 % of the bars, at "
         "least learn.n_step", ge=-1)
     seeds: int = knob(1, "training seeds (train.seed, +1, ...), each its own run directory; reported together", ge=1)
-    network: str = knob(
+    reported_network: str = knob(
         "target", "the network the backtests, best.pt, the report, act and export use: 'target' (the Polyak "
         "average of the trained one, learn.target_tau; validates higher: BENCHMARKS.md 'Which network') or "
         "'online' (the one the updates train); collection explores with the online one either way",

@@ -37,7 +37,7 @@ def _same(a, b) -> None:
 @pytest.mark.parametrize("network", ["online", "target"])
 def test_graphed_backtests_equal_the_eager_one_and_read_the_network_as_it_is_then(setup, network):
     config, market, _ = setup
-    config = with_overrides(config, {"evaluate.network": network})
+    config = with_overrides(config, {"evaluate.reported_network": network})
     learner = Learner(config, STATE_DIM, torch.device("cuda"))
     assert learner.evaluated is getattr(learner, network)
     sizes = SplitSizes.of_config(config, market)

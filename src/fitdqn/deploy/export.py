@@ -54,7 +54,7 @@ class ActingNetwork(nn.Module):
 
 
 def acting_network(policy: RunPolicy) -> ActingNetwork:
-    """A CPU fp32 copy of the run's evaluated network (``evaluate.network``) with the plain PyTorch kernels,
+    """A CPU fp32 copy of the run's evaluated network (``evaluate.reported_network``) with the plain PyTorch kernels,
     wrapped to act greedily."""
     config = policy.config
     net = QNetwork(config.net, policy.learner.state_dim, fused=False)

@@ -184,10 +184,10 @@ class Learner:
 
     @property
     def evaluated(self) -> QNetwork:
-        """The network backtests, ``best.pt`` and the report use (``evaluate.network``): the online one, or the
+        """The network backtests, ``best.pt`` and the report use (``evaluate.reported_network``): the online one, or the
         target network (its Polyak average). Its parameters are read in place, so a captured backtest follows
         the updates."""
-        return self.target if self.config.evaluate.network == "target" else self.online
+        return self.target if self.config.evaluate.reported_network == "target" else self.online
 
     def act(self, obs: torch.Tensor, epsilon: torch.Tensor, generator: torch.Generator | None = None,
             network: QNetwork | None = None) -> torch.Tensor:

@@ -35,7 +35,7 @@ WHAT = {  # what each top-level entry of a checkpoint holds, in words (the `cont
     "history": "the per-epoch metrics so far",
     "config": "the run's config",
     "logs": "how many metrics.jsonl records the checkpoint covers (the rest are rolled back on resume)",
-    "network": "the weights of the network the report is about (evaluate.network: the online or the target one)",
+    "network": "the weights of the network the report is about (evaluate.reported_network: online or target)",
 }
 BEST_NETWORK = "network"  # best.pt's entry of the evaluated network's weights ('online' in older files)
 
