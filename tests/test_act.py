@@ -215,29 +215,30 @@ def test_act_without_best_pt_names_the_option(run_dir, tmp_path):
     assert load_run_policy(moved, "cpu", "last").epoch >= 1
 
 
+def best_and_last(run_dir):
+    """A run's best.pt and its final checkpoint's learner state."""
+    return (torch.load(run_dir / "best.pt", weights_only=True),
+            torch.load(run_dir / "checkpoint.pt", weights_only=True)["learner"])
+
+
 def test_online_network_when_asked_is_the_one_reported(tmp_path):
     path = tmp_path / "online"
-    config = with_overrides(Config(), {**TINY, "evaluate.reported_network": "online"})
-    train(config, path, console=Console(file=io.StringIO()))
-    best = torch.load(path / "best.pt", weights_only=True)
-    last = torch.load(path / "checkpoint.pt", weights_only=True)["learner"]
+    train(with_overrides(Config(), {**TINY, "evaluate.reported_network": "online"}), path,
+          console=Console(file=io.StringIO()))
+    best, last = best_and_last(path)
     for name, tensor in best["network"].items():
         assert torch.equal(tensor, last["online"][name]), name
     policy = load_run_policy(path, "cpu")
     assert policy.learner.evaluated is policy.learner.online
 
 
-def test_the_target_network_when_asked_is_the_one_reported_acted_with_and_exported(tmp_path):
-    path = tmp_path / "target"
-    config = with_overrides(Config(), {**TINY, "evaluate.reported_network": "target"})
-    train(config, path, console=Console(file=io.StringIO()))
-    best = torch.load(path / "best.pt", weights_only=True)
-    last = torch.load(path / "checkpoint.pt", weights_only=True)["learner"]
+def test_the_target_network_by_default_is_the_one_reported_acted_with_and_exported(run_dir, policy, tmp_path):
+    assert Config().evaluate.reported_network == "target"  # the module's run is a target run
+    best, last = best_and_last(run_dir)
     assert best["epoch"] == 2  # the one validation: the final network's, whose target is the checkpoint's
     for name, tensor in best["network"].items():
         assert torch.equal(tensor, last["target"][name]), name
     assert not all(torch.equal(tensor, last["online"][name]) for name, tensor in best["network"].items())
-    policy = load_run_policy(path, "cpu")
     learner = policy.learner
     assert learner.evaluated is learner.target
     obs = torch.randn(64, 4, 80)
