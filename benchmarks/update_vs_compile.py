@@ -25,6 +25,9 @@ plain step's float32):
   inside the step's graph, which captures the optimizer too). A compile that takes longer than
   ``--compile-limit`` seconds is abandoned and the row says so.
 
+The networks are those a run on the device trains (``fitdqn.config.for_device``: ``net.size = small`` by
+default); ``--set net.size=full`` measures the full widths.
+
 Per row: ``ms``: median over ``--iters`` calls after ``--warmup`` (CUDA events around each call; a graph mode
 times ``graph.replay()`` with its inputs in place); ``kb_per_sample``: peak allocated bytes minus those
 allocated before (networks, gradients, Adam state and the batch exist already), over the batch (graph modes:
@@ -56,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fitdqn.config import Config, LearnConfig, NetConfig, config_to_dict, with_overrides
+from fitdqn.config import Config, LearnConfig, NetConfig, config_to_dict, for_device, with_overrides
 from fitdqn.device.graphs import capture_graph
 from fitdqn.learn import Learner, random_batch
 from fitdqn.provenance import code_commit
@@ -480,6 +483,7 @@ def run(args) -> dict:
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     overrides = dict(item.split("=", 1) for item in args.set)
     config = with_overrides(Config(), overrides) if overrides else Config()
+    config = for_device(config, device.type)  # the widths a run on this device trains (`--set net.size=full`)
     batches = [int(b) for b in args.batches.split(",") if b]
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(PLAIN_MODES) - set(FITDQN_MODES)
