@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import copy
 import dataclasses
+from unittest import mock
 
 import pytest
 import torch
 from learn_helpers import SMALL_NET, STATE_DIM, make_batch, make_learner, small_config
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fitdqn.config import Config, NetConfig
 from fitdqn.learn import OUTPUT_KEYS, Learner
+from fitdqn.ops.casts import casts_once
 
 
 def test_update_returns_the_contract():
@@ -171,3 +176,67 @@ def test_observations_in_the_autocast_dtype_update_as_float32_ones(fused):
         assert torch.equal(outs[0][key], outs[1][key]), key
     for a, b in zip(learners[0].params, learners[1].params, strict=True):
         assert torch.equal(a, b)
+
+
+def _parameter_casts(learner: Learner, batch: dict) -> collections.Counter:
+    """How many times one update casts each parameter (``aten._to_copy`` of a parameter's storage)."""
+    names = {p.data_ptr(): name for network in ("online", "target", "value")
+             for name, p in getattr(learner, network).named_parameters(prefix=network)}
+
+    class Casts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.counts = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in names:
+                self.counts[names[args[0].data_ptr()]] += 1
+            return func(*args, **(kwargs or {}))
+
+    casts = Casts()
+    with casts:
+        learner.update(batch)
+    return casts.counts
+
+
+def test_each_parameter_is_cast_once_an_update_with_the_same_result():
+    """The online net runs twice an update (next_obs, obs): each parameter is cast to bf16 once all the same
+    (``fitdqn.ops.casts``), and the update is the one that casts at every use, bit for bit."""
+    config = small_config(precision="bf16")
+    config = dataclasses.replace(config, net=dataclasses.replace(config.net, kernels="triton"))
+    batch = make_batch(32, config=config)
+    counts = _parameter_casts(make_learner(config=config), batch)
+    assert counts["online.tokens.fc1.weight"] == 1 and counts["target.tokens.fc1.weight"] == 1
+    assert max(counts.values()) == 1
+    with mock.patch("fitdqn.learn.learner.casts_once", contextlib.nullcontext):  # cast at every use
+        assert _parameter_casts(make_learner(config=config), batch)["online.tokens.fc1.weight"] == 2
+    outs, learners = [], []
+    for scope in (casts_once, contextlib.nullcontext):
+        learner = make_learner(config=config)
+        torch.manual_seed(3)
+        with mock.patch("fitdqn.learn.learner.casts_once", scope):
+            outs.append([learner.update(batch) for _ in range(2)][-1])
+        learners.append(learner)
+    for key in outs[0]:
+        assert torch.equal(outs[0][key], outs[1][key]), key
+    for a, b in zip(learners[0].params, learners[1].params, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_gradients_stay_at_their_addresses_and_hold_this_updates():
+    """Backward writes fresh gradients that the update copies into the ones allocated at construction (fixed
+    addresses for graph capture and the all-reduce): the same tensors after every update, each holding autograd's
+    gradient of this update's loss (not a sum over updates)."""
+    learner = make_learner(seed=3)
+    kept = [p.grad for p in learner.params]
+    batch = make_batch(32, seed=4)
+    learner.update(batch)
+    twin = copy.deepcopy(learner)
+    torch.manual_seed(0)
+    learner.update(batch)
+    assert all(p.grad is g for p, g in zip(learner.params, kept, strict=True))
+    torch.manual_seed(0)
+    with mock.patch.object(Learner, "_keep_gradients", lambda self: None):  # .grad: what backward wrote
+        twin.update(batch)
+    for p, q in zip(learner.params, twin.params, strict=True):
+        assert q.grad is not None and torch.equal(p.grad, q.grad)

@@ -33,9 +33,10 @@ What one update does, in order:
    (:mod:`fitdqn.learn.target`). Learning rate and target rate follow the batch
    (:meth:`Learner.set_batch_size`, rules in :mod:`fitdqn.learn.schedule`).
 
-Gradients are allocated once at construction and zeroed in place each update (so they sit at fixed
-addresses for graph capture and count as fixed memory, not activations); Adam's state is initialised at
-construction too, for the same reasons.
+Gradients are allocated once at construction (so they sit at fixed addresses for graph capture and count as
+fixed memory, not activations); each update lets backward write fresh ones and copies them in with one
+multi-tensor copy (``_keep_gradients``), instead of zeroing them and adding each into its buffer (a kernel per
+parameter). Adam's state is initialised at construction too, for the same reasons.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from fitdqn.learn.schedule import lr_factor, scaled_lr, target_period_at, target
 from fitdqn.learn.target import target_weight, update_target
 from fitdqn.nets.iql import ValueNet
 from fitdqn.nets.qnet import QNetwork
+from fitdqn.ops.casts import casts_once
 from fitdqn.ops.gather import gather_in_place_grad
 from fitdqn.ops.kernels import resolve_kernels
 
@@ -115,10 +117,16 @@ class Learner:
     # ------------------------------------------------------------------ update
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One gradient step. ``batch`` keys: ``BATCH_KEYS`` (docs/DESIGN.md); returns ``OUTPUT_KEYS``."""
+        """One gradient step. ``batch`` keys: ``BATCH_KEYS`` (docs/DESIGN.md); returns ``OUTPUT_KEYS``. Each
+        parameter is cast to the autocast dtype once (``fitdqn.ops.casts``), though the online net runs twice."""
+        with casts_once():
+            return self._update(batch)
+
+    def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cfg = self.learn_config
         obs, action, weight = batch["obs"], batch["action"], batch["weight"]  # [B, W, S], [B, br], [B]
-        self.optimizer.zero_grad(set_to_none=False)
+        for p in self.params:  # backward writes each gradient afresh: no zeroing pass, no accumulating add
+            p.grad = None
         with autocast(self.device, self.autocast_dtype):
             c51_target, iqn_target, v_target = self._targets(batch)  # [B, br, A], [B, N', br], [B]
             features = self.online.features(obs)  # [B, d]
@@ -137,6 +145,7 @@ class Learner:
             iql_loss = (weight * iql).mean()
             loss = c51_loss + cfg.iqn_loss_weight * iqn_loss + cfg.iql_loss_weight * iql_loss
         loss.backward()
+        self._keep_gradients()
         if self.gradient_sync is not None:
             self.gradient_sync()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
@@ -236,10 +245,25 @@ class Learner:
 
     # ------------------------------------------------------------------ setup
 
+    def _keep_gradients(self) -> None:
+        """Copy the gradients backward wrote into the ones kept at fixed addresses (one multi-tensor copy; zeros
+        for a parameter that got none) and put those back as ``.grad``: what the all-reduce, the clip and Adam
+        read, and what persists between updates."""
+        fresh = [p.grad for p in self.params]
+        written = [(kept, grad) for kept, grad in zip(self.gradients, fresh, strict=True) if grad is not None]
+        if written:
+            torch._foreach_copy_([kept for kept, _ in written], [grad for _, grad in written])
+        unwritten = [kept for kept, grad in zip(self.gradients, fresh, strict=True) if grad is None]
+        if unwritten:
+            torch._foreach_zero_(unwritten)
+        for p, kept in zip(self.params, self.gradients, strict=True):
+            p.grad = kept
+
     def _init_grads_and_optimizer(self) -> None:
         """Allocate gradients and Adam state now (fixed memory, fixed addresses), leaving Adam at step 0."""
         for p in self.params:
             p.grad = torch.zeros_like(p)
+        self.gradients = [p.grad for p in self.params]  # [P]: kept for good (``_keep_gradients``)
         self.optimizer.step()  # zero gradients: moments stay 0 and parameters do not move
         for slots in self.optimizer.state.values():
             slots["step"].zero_()

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fitdqn.ops.casts import cast
+
 # bias gradients of at least this many columns take the matrix-vector product (module docstring)
 MATRIX_VECTOR_MIN_COLUMNS = 128
 
@@ -53,8 +55,8 @@ class Linear(torch.autograd.Function):
     def forward(ctx, x, weight, bias):
         dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
-            xc, wc = x.to(dtype), weight.to(dtype)
-            out = torch.addmm(bias.to(dtype), xc, wc.t())  # [M, N]
+            xc, wc = x.to(dtype), cast(weight, dtype)
+            out = torch.addmm(cast(bias, dtype), xc, wc.t())  # [M, N]
         ctx.save_for_backward(xc if ctx.needs_input_grad[1] else None, wc if ctx.needs_input_grad[0] else None)
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype)
         return out
@@ -80,9 +82,12 @@ def product_grads(ctx, grad: torch.Tensor):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``x [..., K] @ weight.T [K, N] + bias [N]`` -> ``[..., N]``; without autograd plain ``F.linear``."""
+    """``x [..., K] @ weight.T [K, N] + bias [N]`` -> ``[..., N]``; without autograd plain ``F.linear`` (the
+    parameters cast by :func:`fitdqn.ops.casts.cast`)."""
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)):
-        return F.linear(x, weight, bias)
+        dtype = compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):  # the casts autocast makes, each parameter's once a step
+            return F.linear(x.to(dtype), cast(weight, dtype), cast(bias, dtype))
     if x.dim() == 2:
         return Linear.apply(x, weight, bias)  # [M, N]: its own tensor (an in-place ReLU on it is no CopySlices)
     out = Linear.apply(x.reshape(-1, x.shape[-1]), weight, bias)  # [M, N]

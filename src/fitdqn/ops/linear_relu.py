@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from fitdqn.ops.casts import cast
 from fitdqn.ops.linear import compute_dtype, product_grads
 
 
@@ -34,8 +35,8 @@ class ProductBeforeReLU(torch.autograd.Function):
     def forward(ctx, x, weight, bias):
         dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
-            xc, wc = x.to(dtype), weight.to(dtype)
-            out = torch._addmm_activation(bias.to(dtype), xc, wc.t())  # [M, N]: product, bias and ReLU in one
+            xc, wc = x.to(dtype), cast(weight, dtype)
+            out = torch._addmm_activation(cast(bias, dtype), xc, wc.t())  # [M, N]: product, bias and ReLU in one
         ctx.save_for_backward(xc if ctx.needs_input_grad[1] else None, wc if ctx.needs_input_grad[0] else None)
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype)
         return out
@@ -67,4 +68,4 @@ def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
         return ReLUOfProduct.apply(ProductBeforeReLU.apply(x, weight, bias))
     dtype = compute_dtype(x)
     with torch.autocast(x.device.type, enabled=False):
-        return torch._addmm_activation(bias.to(dtype), x.to(dtype), weight.to(dtype).t())
+        return torch._addmm_activation(cast(bias, dtype), x.to(dtype), cast(weight, dtype).t())

@@ -1,0 +1,58 @@
+"""fitdqn.ops.casts: a leaf cast once per scope while it is unchanged; everything else cast as ``Tensor.to``."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import nn
+
+from fitdqn.ops.casts import cast, casts_once
+
+
+def test_outside_a_scope_every_cast_is_new():
+    weight = nn.Parameter(torch.randn(4, 3))
+    assert cast(weight, torch.bfloat16) is not cast(weight, torch.bfloat16)
+    assert cast(weight, torch.float32) is weight  # no cast needed: the tensor itself, as Tensor.to gives
+
+
+def test_a_leaf_is_cast_once_until_it_changes():
+    weight = nn.Parameter(torch.randn(4, 3))
+    with casts_once(), torch.no_grad():
+        first = cast(weight, torch.bfloat16)
+        assert cast(weight, torch.bfloat16) is first
+        assert torch.equal(first, weight.to(torch.bfloat16)) and first.dtype == torch.bfloat16
+        assert cast(weight, torch.float16) is not first  # another dtype, another copy
+        weight.mul_(2.0)  # in place (an optimizer step): its version moves, so a fresh copy
+        second = cast(weight, torch.bfloat16)
+        assert second is not first and torch.equal(second, weight.to(torch.bfloat16))
+    with torch.no_grad():
+        assert cast(weight, torch.bfloat16) is not second  # the scope is closed
+
+
+def test_activations_and_tracked_casts_are_not_kept():
+    weight = nn.Parameter(torch.randn(4, 3))
+    activation = torch.randn(4, 3)  # not a parameter
+    with casts_once():
+        assert cast(activation, torch.bfloat16) is not cast(activation, torch.bfloat16)
+        tracked = cast(weight, torch.bfloat16)  # grad mode on, weight requires grad: autograd must see it
+        assert tracked.grad_fn is not None and cast(weight, torch.bfloat16) is not tracked
+
+
+def test_nested_scopes_share_the_outer_one_and_threads_their_own():
+    weight = nn.Parameter(torch.randn(4, 3))
+    seen = []
+    with casts_once(), torch.no_grad():
+        first = cast(weight, torch.bfloat16)
+        with casts_once():
+            assert cast(weight, torch.bfloat16) is first
+        assert cast(weight, torch.bfloat16) is first  # the inner exit left the outer scope open
+
+        def other_thread():
+            with torch.no_grad():
+                seen.append(cast(weight, torch.bfloat16))
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    assert seen[0] is not first
