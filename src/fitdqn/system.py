@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-import pandas as pd
 import torch
 from torch import Tensor
 
@@ -26,11 +25,11 @@ from fitdqn.config import Config
 from fitdqn.learn.learner import Learner
 from fitdqn.learn.precision import autocast_dtype
 from fitdqn.market.contract import ContractSpec
-from fitdqn.market.data import split_bars
 from fitdqn.market.env import GOAL_COLUMN, FuturesEnv, transition_spec
-from fitdqn.market.features import WARMUP
+from fitdqn.market.layout import WARMUP
 from fitdqn.market.loader import Market, market_tensor_shapes
 from fitdqn.market.observation import build_observation
+from fitdqn.market.splits import split_bars
 from fitdqn.memory.component import ComponentName
 from fitdqn.nets.groups import parameter_groups
 from fitdqn.replay.buffer import ReplayBuffer
@@ -146,10 +145,11 @@ STAND_IN_CONTRACT = ContractSpec("stand-in", multiplier=1.0, tick_size=1.0, comm
 
 def stand_in_market(config: Config, num_bars: int) -> Market:
     """A market of ``num_bars`` zero bars with the config's splits, made on the current default device: what
-    the planner builds the system on inside the tracer's fake mode (only shapes and dtypes count there)."""
+    the planner builds the system on inside the tracer's fake mode (only shapes and dtypes count there). It has
+    no bars table (``bars = None``): the planner imports no data pipeline (pandas)."""
     tensors = {name: torch.zeros(shape, dtype=dtype) for name, (shape, dtype) in market_tensor_shapes(num_bars).items()}
     tensors["prices"] = tensors["prices"] + 1.0  # positive prices (stand-in values; nothing reads them)
     m = config.market
-    return Market(name="stand-in", bars=pd.DataFrame(), contract=STAND_IN_CONTRACT,
+    return Market(name="stand-in", bars=None, contract=STAND_IN_CONTRACT,
                   splits=split_bars(num_bars, m.train_fraction, m.validation_fraction), warmup=WARMUP,
                   volume_features=True, **tensors)

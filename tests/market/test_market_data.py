@@ -16,16 +16,10 @@ import pytest
 from fitdqn.config import Config, with_overrides
 from fitdqn.errors import UserError
 from fitdqn.market.contract import available_contracts, contract_for, load_contract
-from fitdqn.market.data import (
-    builtin_bars,
-    load_bars,
-    split_bars,
-    synthetic_bars,
-    walk_forward,
-    walk_forward_from_config,
-)
+from fitdqn.market.data import builtin_bars, load_bars, synthetic_bars
 from fitdqn.market.data import read_bars_file as _read_bars_file
 from fitdqn.market.loader import load_market
+from fitdqn.market.splits import split_bars, walk_forward, walk_forward_from_config
 
 read_bars_file = functools.partial(_read_bars_file, date_format="auto")  # market.date_format's default
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from fitdqn.config import Config
 from fitdqn.errors import UserError
-from fitdqn.market.data import Split
 from fitdqn.market.loader import Market, check_enough_bars
+from fitdqn.market.splits import Split
 
 
 @dataclass(frozen=True)

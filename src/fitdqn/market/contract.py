@@ -14,11 +14,14 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from fitdqn.errors import UserError
+
+if TYPE_CHECKING:  # bars come as frames; the env and the planner import this module without pandas
+    import pandas as pd
 
 CONTRACTS_PACKAGE = "fitdqn.market"
 CONTRACTS_DIR = "contracts"

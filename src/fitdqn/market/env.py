@@ -63,7 +63,6 @@ from torch import Tensor
 from fitdqn.config import MarketConfig, knob_choices
 from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec
-from fitdqn.market.data import Split
 from fitdqn.market.layout import (  # noqa: F401 - the env's layout, re-exported from its old home
     ACHIEVED_COLUMN,
     AGENT_FIELDS,
@@ -80,6 +79,7 @@ from fitdqn.market.layout import (  # noqa: F401 - the env's layout, re-exported
 )
 from fitdqn.market.loader import Market, load_market
 from fitdqn.market.observation import build_observation
+from fitdqn.market.splits import Split
 from fitdqn.replay.spec import FieldSpec
 
 TERMINAL = 1  # flags bit 0: no bootstrap past this step

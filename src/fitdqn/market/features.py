@@ -27,7 +27,7 @@ from torch import Tensor
 
 from fitdqn.config import MarketConfig
 from fitdqn.market.data import COLUMNS, normalise_bars, validate_bars
-from fitdqn.market.layout import (  # noqa: F401 - NUM_FEATURES and FEATURE_NAMES re-exported
+from fitdqn.market.layout import (  # noqa: F401 - NUM_FEATURES, FEATURE_NAMES and WARMUP re-exported
     CHANNELS,
     EMA_PERIODS,
     FEATURE_NAMES,
@@ -37,6 +37,7 @@ from fitdqn.market.layout import (  # noqa: F401 - NUM_FEATURES and FEATURE_NAME
     RETURN_HORIZONS,
     SMA_PERIODS,
     VOLUME_FEATURES,
+    WARMUP,
 )
 
 CLIP = 5.0
@@ -240,10 +241,8 @@ def calendar_fields(ns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------- features
-# the feature names and their window constants live in fitdqn.market.layout (no pandas: the planner reads them)
-# Rows with too little history for the longest window: the z-score of log(20-bar vol) over 120 values
-# needs rows 1..20 for the first vol and 119 more (row 139 is the first valid row); 140 keeps a margin of 1.
-WARMUP = 140
+# the feature names, their window constants and WARMUP live in fitdqn.market.layout (no pandas: the planner
+# reads them)
 
 
 def has_volume(bars: pd.DataFrame) -> bool:

@@ -57,6 +57,9 @@ FEATURE_NAMES: list[str] = (
     + ["weekday_sin", "weekday_cos", "month_sin", "month_cos", "time_of_day_sin", "time_of_day_cos"]
 )
 NUM_FEATURES = len(FEATURE_NAMES)  # Fm
+# Rows with too little history for the longest window: the z-score of log(20-bar vol) over 120 values
+# needs rows 1..20 for the first vol and 119 more (row 139 is the first valid row); 140 keeps a margin of 1.
+WARMUP = 140
 
 AGENT_FIELDS: tuple[str, ...] = (
     "position",  # contracts held / max_contracts, in [-1, 1]

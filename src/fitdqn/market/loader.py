@@ -11,16 +11,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 from torch import Tensor
 
 from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec, check_contract_fits, contract_for, shipped_contract_for
-from fitdqn.market.data import Split, bars_from_config, bars_per_year, split_bars
-from fitdqn.market.features import WARMUP, atr, bar_tensors, compute_features, has_volume
-from fitdqn.market.layout import PRICE_COLUMNS, market_bytes, market_tensor_shapes  # noqa: F401 - re-exported
+from fitdqn.market.layout import (  # noqa: F401 - re-exported
+    PRICE_COLUMNS,
+    WARMUP,
+    market_bytes,
+    market_tensor_shapes,
+)
+from fitdqn.market.splits import Split, split_bars
+
+if TYPE_CHECKING:  # the data pipeline (pandas) is imported where bars are read, not by the planner's stand-in
+    import pandas as pd
 
 ATR_PERIOD = 14  # the ATR the env sizes stops and take-profits with (the state's atr feature uses it too)
 
@@ -30,7 +37,7 @@ class Market:
     """Bars, contract, splits and the device tensors built from them."""
 
     name: str
-    bars: pd.DataFrame  # canonical columns: timestamp, open, high, low, close, volume
+    bars: pd.DataFrame | None  # canonical columns: timestamp, open, high, low, close, volume (None: a stand-in)
     contract: ContractSpec
     splits: dict[str, Split]
     features: Tensor  # [T, Fm] float32, causal, rows < warmup are 0
@@ -42,6 +49,8 @@ class Market:
     @cached_property
     def bars_per_year(self) -> float:
         """Bars per year of these bars' own calendar (:func:`fitdqn.market.data.bars_per_year`)."""
+        from fitdqn.market.data import bars_per_year
+
         return bars_per_year(self.bars["timestamp"])
 
     @property
@@ -84,6 +93,8 @@ def market_from_bars(
     device=None,
 ) -> Market:
     """A Market from a canonical bar frame (see :func:`fitdqn.market.data.normalise_bars`)."""
+    from fitdqn.market.features import atr, bar_tensors, compute_features, has_volume  # the data pipeline (pandas)
+
     features = compute_features(bars, device=device)
     b = bar_tensors(bars, device)
     raw_atr = torch.nan_to_num(atr(b["high"], b["low"], b["close"], ATR_PERIOD), nan=0.0)
@@ -133,6 +144,8 @@ def market_contract(market_config, bars: pd.DataFrame | None = None) -> Contract
     spec = shipped_contract_for(market_config.contract, market_config.data)
     if spec is not None:
         return spec
+    from fitdqn.market.data import bars_from_config  # the data pipeline (pandas): only where bars are read
+
     bars = bars_from_config(market_config) if bars is None else bars
     train = split_bars(len(bars), market_config.train_fraction, market_config.validation_fraction)["train"]
     return contract_for(market_config.contract, market_config.data, bars.iloc[: max(train.stop, 1)])
@@ -141,6 +154,8 @@ def market_contract(market_config, bars: pd.DataFrame | None = None) -> Contract
 def load_market(market_config, *, window: int, device=None) -> Market:
     """Everything for a :class:`fitdqn.config.MarketConfig`, checked for ``window`` (``net.window``) and
     ``market.episode_length``; the tensors on ``device`` (None: the CPU)."""
+    from fitdqn.market.data import bars_from_config  # the data pipeline (pandas): only where bars are read
+
     bars = bars_from_config(market_config)
     contract = market_contract(market_config, bars)
     check_contract_fits(contract, bars, market_config.max_contracts, f"'{market_config.data}'")
