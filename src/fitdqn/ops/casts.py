@@ -9,7 +9,9 @@ Inside :func:`casts_once` (the learner's update), :func:`cast` keeps the cast co
 hands it out again while the parameter is unchanged (its version counter: an in-place update such as the optimizer
 step makes a new copy). Only parameters are kept (the online and target networks'); activations are cast as
 before. The values are the same bit for bit (the same cast of the same tensor); the copies live until the scope
-ends, as the first pass's did for backward anyway. Outside the scope (acting, backtests) ``cast`` is ``Tensor.to``.
+ends (the networks' parameters in bf16: the online ones were kept for backward anyway, the target's are held a
+little longer; the planner traces the update, so its step counts them). Outside the scope (acting, backtests)
+``cast`` is ``Tensor.to``.
 Thread-local: a collector thread acting while an update runs casts for itself.
 """
 
