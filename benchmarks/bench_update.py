@@ -3,7 +3,8 @@
     PYTHONPATH=src python benchmarks/bench_update.py --out results.json
     PYTHONPATH=src python benchmarks/bench_update.py --device cpu --batches 64,128 --iters 3 --out cpu.json
 
-For each batch size a fresh learner (default config, state_dim 80) is built, then:
+For each batch size a fresh learner (the default config as a run on the device resolves it: the small widths;
+`--set net.size=full` for the full ones; state_dim 80) is built, then:
 - eager: ``--warmup`` updates, then ``--iters`` timed updates (CUDA events around each, median reported);
   peak activation bytes = ``torch.cuda.max_memory_allocated()`` during one update minus the memory
   allocated before it (parameters, gradients, Adam state and the batch already exist), divided by B;
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from fitdqn.config import Config, config_to_dict, with_overrides
+from fitdqn.config import Config, config_to_dict, for_device, with_overrides
 from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import probe
 from fitdqn.learn import Learner, random_batch
@@ -163,6 +164,7 @@ def run(args) -> dict:
     device = resolve(args.device)
     overrides = dict(item.split("=", 1) for item in args.set)
     config = with_overrides(Config(), overrides) if overrides else Config()
+    config = for_device(config, device.type)  # the widths a run on this device trains (`--set net.size=full`)
     batches = [int(b) for b in args.batches.split(",") if b]
     modes = [m for m in args.modes.split(",") if m]
     if device.type != "cuda":
