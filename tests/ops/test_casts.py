@@ -1,4 +1,4 @@
-"""fitdqn.ops.casts: a leaf cast once per scope while it is unchanged; everything else cast as ``Tensor.to``."""
+"""fitdqn.ops.casts: a parameter cast once per scope while it is unchanged; everything else cast as ``Tensor.to``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def test_outside_a_scope_every_cast_is_new():
     assert cast(weight, torch.float32) is weight  # no cast needed: the tensor itself, as Tensor.to gives
 
 
-def test_a_leaf_is_cast_once_until_it_changes():
+def test_a_parameter_is_cast_once_until_it_changes():
     weight = nn.Parameter(torch.randn(4, 3))
     with casts_once(), torch.no_grad():
         first = cast(weight, torch.bfloat16)

@@ -249,15 +249,18 @@ class Learner:
         """Copy the gradients backward wrote into the ones kept at fixed addresses (one multi-tensor copy; zeros
         for a parameter that got none) and put those back as ``.grad``: what the all-reduce, the clip and Adam
         read, and what persists between updates."""
-        fresh = [p.grad for p in self.params]
-        written = [(kept, grad) for kept, grad in zip(self.gradients, fresh, strict=True) if grad is not None]
-        if written:
-            torch._foreach_copy_([kept for kept, _ in written], [grad for _, grad in written])
-        unwritten = [kept for kept, grad in zip(self.gradients, fresh, strict=True) if grad is None]
+        targets, grads, unwritten = [], [], []
+        for p, kept in zip(self.params, self.gradients, strict=True):
+            if p.grad is None:
+                unwritten.append(kept)
+            else:
+                targets.append(kept)
+                grads.append(p.grad)
+            p.grad = kept
+        if grads:
+            torch._foreach_copy_(targets, grads)
         if unwritten:
             torch._foreach_zero_(unwritten)
-        for p, kept in zip(self.params, self.gradients, strict=True):
-            p.grad = kept
 
     def _init_grads_and_optimizer(self) -> None:
         """Allocate gradients and Adam state now (fixed memory, fixed addresses), leaving Adam at step 0."""

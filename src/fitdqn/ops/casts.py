@@ -47,8 +47,6 @@ def cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
             or (tensor.requires_grad and torch.is_grad_enabled())):  # a copy autograd must see: cast as before
         return tensor.to(dtype)
     key = (id(tensor), tensor._version, dtype)
-    held = casts.get(key)
-    if held is None or held[0] is not tensor:
-        held = (tensor, tensor.detach().to(dtype))  # the tensor kept too: its id is not reused while held
-        casts[key] = held
-    return held[1]
+    if key not in casts:  # the tensor is kept beside its copy, so its id is not reused while the scope is open
+        casts[key] = (tensor, tensor.detach().to(dtype))
+    return casts[key][1]
