@@ -1,12 +1,15 @@
 """Launch shapes of fitdqn's Triton kernels, timed on the present GPU (the figures quoted beside the constants).
 
-Times the fused IQN head's backward and forward kernels (``fitdqn.ops.iqn_triton``) and the quantile Huber
-kernel (``fitdqn.ops.quantile_huber_triton``) alone, at the update's shapes (N = N' = 64, E = 64, d = 256,
-15 outputs, 3 branches, bf16), for a list of launch shapes each: slice width, warps, pipeline stages and, for the
-backward, the kernel ('rows' or 'transposed', ``fitdqn.ops.iqn_triton.BACKWARD_KERNEL``) and the number of batch
-programs P (``fitdqn.ops.iqn.WEIGHT_GRAD_PROGRAMS``); for the quantile Huber loss, the kernel ('pairs' or 'rows'),
-its warps and whether the 'rows' loop is unrolled. Each backward shape is checked against the first (the partial
-sums are reduced over P; only the summation order may differ), each Huber kernel against the closed form.
+Times the fused IQN head's backward and forward kernels (``fitdqn.ops.iqn_triton``), the quantile Huber kernel
+(``fitdqn.ops.quantile_huber_triton``) and C51's projection (``fitdqn.ops.projection_triton``) alone, at the
+update's shapes (N = N' = 64, E = 64, d = 256, 15 outputs, 3 branches, bf16), for a list of launch shapes each:
+slice width, warps, pipeline stages and, for the backward, the kernel ('rows' or 'transposed',
+``fitdqn.ops.iqn_triton.BACKWARD_KERNEL``) and the number of batch programs P
+(``fitdqn.ops.iqn.WEIGHT_GRAD_PROGRAMS``); for the quantile Huber loss, the kernel ('pairs' or 'rows'), its warps
+and whether the 'rows' loop is unrolled; for the projection, the distributions a program takes and its warps
+(3 branches x batch distributions of 51 atoms). Each backward shape is checked against the first (the partial
+sums are reduced over P; only the summation order may differ), each projection against the first, each Huber
+kernel against the closed form.
 
     PYTHONPATH=src python benchmarks/tune_kernels.py --batch 8192 --out tune_kernels.json
 """
@@ -29,7 +32,8 @@ HUBER_SHAPES = [  # (kernel, warps, unrolled loop over the targets: 'rows' only)
     ("pairs", 2, False), ("rows", 8, True), ("rows", 8, False), ("rows", 4, True), ("rows", 4, False),
     ("rows", 2, False), ("rows", 16, False),
 ]
-KERNELS = ("iqn_backward", "iqn_forward", "quantile_huber")
+PROJECTION_SHAPES = [(1, 2), (1, 1), (1, 4), (2, 2), (2, 4), (4, 4), (4, 8), (8, 4), (8, 8), (16, 8)]  # (ROWS, warps)
+KERNELS = ("iqn_backward", "iqn_forward", "quantile_huber", "projection")
 
 
 def milliseconds(fn, reps: int) -> float:
@@ -56,6 +60,7 @@ def main() -> int:
         return 2
     from fitdqn.ops import iqn as ops_iqn
     from fitdqn.ops import iqn_triton
+    from fitdqn.ops import projection_triton as projection
     from fitdqn.ops import quantile_huber_triton as huber
     from fitdqn.ops.quantile_huber import quantile_huber_sorted
 
@@ -71,7 +76,7 @@ def main() -> int:
              iqn_triton.BACKWARD_STAGES, iqn_triton.BACKWARD_KERNEL, iqn_triton.TRANSPOSED_BLOCK_D,
              iqn_triton.TRANSPOSED_WARPS, iqn_triton.TRANSPOSED_STAGES, iqn_triton.FORWARD_BLOCK_D,
              iqn_triton.FORWARD_WARPS, iqn_triton.FORWARD_STAGES, huber.KERNEL, huber.WARPS, huber.ROWS_WARPS,
-             huber.ROWS_UNROLL)
+             huber.ROWS_UNROLL, projection.ROWS, projection.WARPS)
     rows, first = [], None
     try:
         for kernel, programs, block_d, warps, stages in BACKWARD_SHAPES if "iqn_backward" in kernels else ():
@@ -111,12 +116,24 @@ def main() -> int:
             rows.append({"kernel": "quantile_huber", "variant": kernel, "warps": warps, "unrolled": unroll,
                          "ms": milliseconds(loss, args.reps), "error_vs_closed_form": error})
             print(json.dumps(rows[-1]), flush=True)
+        probs = torch.softmax(randn(batch * 3, 51), dim=-1)
+        positions = (torch.rand(batch * 3, 51, device=device, generator=generator) * 50).sort(dim=-1).values
+        first_projection = None
+        for rows_per_program, warps in PROJECTION_SHAPES if "projection" in kernels else ():
+            projection.ROWS, projection.WARPS = rows_per_program, warps
+            project = lambda: projection.fused_projection(probs, positions)  # noqa: E731
+            out = project()
+            first_projection = out if first_projection is None else first_projection
+            rows.append({"kernel": "projection", "rows": rows_per_program, "warps": warps,
+                         "ms": milliseconds(project, args.reps),
+                         "error_vs_first": (out - first_projection).abs().max().item()})
+            print(json.dumps(rows[-1]), flush=True)
     finally:
         (ops_iqn.WEIGHT_GRAD_PROGRAMS, iqn_triton.BACKWARD_BLOCK_D, iqn_triton.BACKWARD_WARPS,
          iqn_triton.BACKWARD_STAGES, iqn_triton.BACKWARD_KERNEL, iqn_triton.TRANSPOSED_BLOCK_D,
          iqn_triton.TRANSPOSED_WARPS, iqn_triton.TRANSPOSED_STAGES, iqn_triton.FORWARD_BLOCK_D,
          iqn_triton.FORWARD_WARPS, iqn_triton.FORWARD_STAGES, huber.KERNEL, huber.WARPS, huber.ROWS_WARPS,
-         huber.ROWS_UNROLL) = saved
+         huber.ROWS_UNROLL, projection.ROWS, projection.WARPS) = saved
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": batch, "rows": rows}
     with open(args.out, "w") as file:
         json.dump(result, file, indent=1)

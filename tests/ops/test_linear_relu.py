@@ -54,6 +54,9 @@ def test_values_and_gradients_equal_the_unfused_layer(autocast_dtype, x_grad):
             assert got is None, name
             continue
         assert got.dtype == expected.dtype, name
+        if name == "grad_b" and autocast_dtype is not None:  # 40 columns: summed into fp32, not rounded to bf16
+            torch.testing.assert_close(got, expected, msg=name, rtol=1e-2, atol=1e-2)
+            continue  # (tests/ops/test_linear.py checks it against the exact sum)
         torch.testing.assert_close(got, expected, msg=name)  # fp32: exact ops; bf16: the same roundings
 
 

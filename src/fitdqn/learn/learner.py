@@ -77,7 +77,7 @@ class Learner:
             self.online = QNetwork(config.net, state_dim, self.fused)
             self.target = QNetwork(config.net, state_dim, self.fused).requires_grad_(False)
             self.target.load_state_dict(self.online.state_dict())  # a copy (deepcopy breaks fake tensors)
-            self.value = ValueNet(state_dim, config.net.iql_hidden)
+            self.value = ValueNet(state_dim, config.net.iql_hidden, self.fused)
         self.params = [*self.online.parameters(), *self.value.parameters()]
         self.online_params = list(self.online.parameters())
         self.target_params = list(self.target.parameters())

@@ -99,12 +99,15 @@ def position_levels(levels: int, max_contracts: int) -> list[float]:
 
 
 def check_branches(branches: Sequence[int]) -> None:
+    """The futures env's branches: (target positions, stop choices, take-profit choices), where a bracket branch
+    offers all its choices or only the first, 'none' (``1``: the agent never places that order)."""
     branches = tuple(branches)
-    if len(branches) != NUM_BRANCHES or branches[1] != len(STOP_ATR) or branches[2] != len(TAKE_PROFIT_ATR):
+    if (len(branches) != NUM_BRANCHES or branches[1] not in (1, len(STOP_ATR))
+            or branches[2] not in (1, len(TAKE_PROFIT_ATR))):
         raise UserError(
             f"net.branches = {branches}: the futures env has 3 branches (target position, stop, take-profit) "
-            f"with {len(STOP_ATR)} stop and {len(TAKE_PROFIT_ATR)} take-profit choices; use (5, 5, 5) or "
-            "(n, 5, 5)"
+            f"with {len(STOP_ATR)} stop and {len(TAKE_PROFIT_ATR)} take-profit choices, or 1 for none; use "
+            "(5, 5, 5), (n, 5, 5) or (n, 1, 1)"
         )
 
 

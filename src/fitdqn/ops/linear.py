@@ -20,6 +20,10 @@ gradient: under autocast the input and weight are cast to the autocast dtype (as
 and saved so; the weight and bias gradients come back in the parameters' dtypes:
 
     out = x w^T + b      dx = g w      dw = g^T x      db = g^T 1 (column_sum)
+
+The weight and bias gradients are written in the parameters' dtype (fp32) by the product and the reduction
+themselves where they can (:func:`weight_product` on CUDA, :func:`column_sum` for a narrow bias), not cast
+afterwards: a cast kernel fewer for each.
 """
 
 from __future__ import annotations
@@ -41,11 +45,21 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-def column_sum(grad: torch.Tensor) -> torch.Tensor:
-    """``grad [M, N] -> [N]``: the sum over rows, as a matrix-vector product when the gradient is wide."""
+def column_sum(grad: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``grad [M, N] -> [N]`` in ``dtype`` (default ``grad``'s): the sum over rows, as a matrix-vector product when
+    the gradient is wide; a narrow one's reduction accumulates in fp32 and writes ``dtype`` directly (no cast)."""
+    dtype = grad.dtype if dtype is None else dtype
     if grad.shape[1] < MATRIX_VECTOR_MIN_COLUMNS:
-        return grad.sum(0)
-    return torch.mv(grad.t(), grad.new_ones(grad.shape[0]))  # [N]: cuBLAS, no staging buffer
+        return grad.sum(0, dtype=dtype)
+    return torch.mv(grad.t(), grad.new_ones(grad.shape[0])).to(dtype)  # [N]: cuBLAS, no staging buffer
+
+
+def weight_product(grad: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``grad^T [N, M] @ x [M, K] -> [N, K]`` in ``dtype``: on CUDA a bf16/fp16 product writes fp32 directly
+    (``aten::mm``'s ``out_dtype``: the fp32 accumulator stored as it is, no rounding to bf16 and no cast kernel)."""
+    if grad.device.type == "cuda" and dtype == torch.float32 and grad.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(grad.t(), x, out_dtype=dtype)
+    return (grad.t() @ x).to(dtype)
 
 
 class Linear(torch.autograd.Function):
@@ -75,9 +89,9 @@ def product_grads(ctx, grad: torch.Tensor):
     if ctx.needs_input_grad[0]:
         grad_x = (grad @ wc).to(x_dtype)  # [M, K]
     if ctx.needs_input_grad[1]:
-        grad_w = (grad.t() @ xc).to(w_dtype)  # [N, K]
+        grad_w = weight_product(grad, xc, w_dtype)  # [N, K]
     if ctx.needs_input_grad[2]:
-        grad_b = column_sum(grad).to(b_dtype)  # [N]
+        grad_b = column_sum(grad, b_dtype)  # [N]
     return grad_x, grad_w, grad_b
 
 

@@ -2,16 +2,21 @@
 
 The torch form of :func:`fitdqn.ops.projection.project_dense` writes an ``A x A`` fp32 hat per sample to memory
 (85 MB at batch 8192 and 51 atoms), passes over it four times to build it and once more in a batched
-matrix-vector product that uses a fraction of the GPU. Here one program owns one distribution: it loads the A
-probabilities and the A landing positions, forms the ``[A (i), A (j)]`` hat in registers (64 x 64 = 4096
-numbers at A = 51) and reduces it at once:
+matrix-vector product that uses a fraction of the GPU. Here the hat never leaves registers: for each
+distribution the kernel loads the A probabilities and the A landing positions, forms the ``[A (i), A (j)]`` hat
+(64 x 64 = 4096 numbers at A = 51) and reduces it at once:
 
     out_i = sum_j probs_j * max(0, 1 - |positions_j - i|)
 
 in fp32, the hat's values bit for bit those of the torch form (only the order of the sum differs). Only the
 result is written: 3 x 4 bytes of traffic per atom in all. Atoms are padded to a power of two (at least 16), the
-padding masked (zero probability). Grid ``[R]``, ``WARPS`` warps per program (not tuned: the kernel moves
-~15 MB at R = 24576, A = 51).
+padding masked (zero probability).
+
+Launch shape: one program takes ``ROWS`` consecutive distributions, one ``[ROWS, A (i), A (j)]`` tile (rows past
+the end masked), with ``WARPS`` warps; grid ``[ceil(R / ROWS)]``. The work is tiny (~15 MB moved and 0.1 GFLOP
+at R = 24576, A = 51), so the time is the programs' latency: one distribution a program (24,576 programs of 2
+warps) took 0.105 ms of the H200's update at batch 8192. ``benchmarks/tune_kernels.py --kernels projection``
+times the shapes; the constants below are its choice on the H200.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import triton.language as tl
 
 from fitdqn.ops.kernels import on_device
 
-WARPS = 2
+ROWS = 4
+WARPS = 4
 
 
 def fused_projection(probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -32,7 +38,8 @@ def fused_projection(probs: torch.Tensor, positions: torch.Tensor) -> torch.Tens
     out = torch.empty(probs.shape, device=probs.device, dtype=torch.float32)
     if rows and atoms:
         with on_device(probs):
-            _projection_kernel[(rows,)](probs, positions, out, atoms, BLOCK=_block(atoms), num_warps=WARPS)
+            _projection_kernel[(triton.cdiv(rows, ROWS),)](probs, positions, out, rows, atoms, ROWS=ROWS,
+                                                           BLOCK=_block(atoms), num_warps=WARPS)
     return out
 
 
@@ -41,12 +48,14 @@ def _block(size: int) -> int:
 
 
 @triton.jit
-def _projection_kernel(probs_ptr, positions_ptr, out_ptr, A, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _projection_kernel(probs_ptr, positions_ptr, out_ptr, R, A, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # [ROWS] distributions
     i = tl.arange(0, BLOCK)  # target atoms
     j = tl.arange(0, BLOCK)  # source atoms
-    valid_j = j < A
-    p = tl.load(probs_ptr + row * A + j, mask=valid_j, other=0.0).to(tl.float32)  # [BJ]: padding has no mass
-    x = tl.load(positions_ptr + row * A + j, mask=valid_j, other=0.0).to(tl.float32)  # [BJ]
-    hat = tl.maximum(1.0 - tl.abs(x[None, :] - i[:, None].to(tl.float32)), 0.0)  # [BI, BJ]
-    tl.store(out_ptr + row * A + i, tl.sum(hat * p[None, :], axis=1), mask=i < A)
+    at = r[:, None] * A + j[None, :]  # [ROWS, BJ]
+    valid = (r[:, None] < R) & (j[None, :] < A)
+    p = tl.load(probs_ptr + at, mask=valid, other=0.0).to(tl.float32)  # [ROWS, BJ]: padding has no mass
+    x = tl.load(positions_ptr + at, mask=valid, other=0.0).to(tl.float32)  # [ROWS, BJ]
+    hat = tl.maximum(1.0 - tl.abs(x[:, None, :] - i[None, :, None].to(tl.float32)), 0.0)  # [ROWS, BI, BJ]
+    out = tl.sum(hat * p[:, None, :], axis=2)  # [ROWS, BI]
+    tl.store(out_ptr + r[:, None] * A + i[None, :], out, mask=(r[:, None] < R) & (i[None, :] < A))
