@@ -246,6 +246,25 @@ def test_seeded_determinism(sp500_market):
     assert torch.equal(env.bar, first)
 
 
+def test_branches_without_brackets_trade_as_the_full_env_choosing_none(sp500_market):
+    """``net.branches = (n, 1, 1)``: the bracket branches offer only 'none'; the env then steps exactly as the full
+    one does when the agent chooses no stop and no take-profit."""
+    def rollout(branches):
+        env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=16, episode_length=16,
+                                                                         branches=branches, seed=3))
+        g = torch.Generator().manual_seed(2)
+        actions = [torch.cat([torch.randint(0, 5, (16, 1), generator=g), torch.zeros(16, 2, dtype=torch.long)], 1)
+                   for _ in range(30)]
+        outs = [env.step(a) for a in actions]
+        return {k: torch.stack([o[k] for o in outs]) for k in outs[0]}
+
+    full, bare = rollout((5, 5, 5)), rollout((5, 1, 1))
+    for key in full:
+        assert torch.equal(full[key], bare[key]), key
+    with pytest.raises(UserError, match=r"\(n, 1, 1\) for target positions only"):
+        FuturesEnv.from_market(sp500_market, "train", **env_options(branches=(5, 2, 5)))
+
+
 def test_transition_contract(sp500_market):
     env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=5, episode_length=8))
     spec = transition_spec()

@@ -11,15 +11,22 @@ from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode
 
 import fitdqn.market  # noqa: F401  (registers fitdqn/Futures-v0)
+from fitdqn.config import Config, with_overrides
 from fitdqn.market.gym_env import FuturesGymEnv, FuturesVectorEnv
 
 
 @pytest.fixture(scope="module")
 def market():
-    from fitdqn.config import Config
     from fitdqn.market.loader import load_market
 
     return load_market(Config().market, window=8)
+
+
+def test_the_action_space_follows_the_branches():
+    config = with_overrides(Config(), {"net.branches": (5, 1, 1)})
+    env = gymnasium.make("fitdqn/Futures-v0", config=config)
+    assert env.action_space == gymnasium.spaces.MultiDiscrete([5, 1, 1])
+    env.close()
 
 
 def test_registered_and_passes_the_env_checker():

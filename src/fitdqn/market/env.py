@@ -106,8 +106,8 @@ def check_branches(branches: Sequence[int]) -> None:
             or branches[2] not in (1, len(TAKE_PROFIT_ATR))):
         raise UserError(
             f"net.branches = {branches}: the futures env has 3 branches (target position, stop, take-profit) "
-            f"with {len(STOP_ATR)} stop and {len(TAKE_PROFIT_ATR)} take-profit choices, or 1 for none; use "
-            "(5, 5, 5), (n, 5, 5) or (n, 1, 1)"
+            f"with {len(STOP_ATR)} stop and {len(TAKE_PROFIT_ATR)} take-profit choices, or 1 where the agent "
+            "places none of them; use (5, 5, 5), (n, 5, 5), or (n, 1, 1) for target positions only"
         )
 
 
@@ -243,6 +243,7 @@ class FuturesEnv:
         T = int(prices.shape[0])
         stop_bar = T if stop_bar is None else int(stop_bar)
         check_branches(branches)
+        self.branches = tuple(int(n) for n in branches)  # (target positions, stop choices, take-profit choices)
         if num_envs < 1 or episode_length < 1 or window < 1:
             raise UserError("num_envs, episode_length and window must all be at least 1")
         if tuple(prices.shape) != (T, 4) or tuple(atr.shape) != (T,) or tuple(features.shape) != (T, NUM_FEATURES):

@@ -35,8 +35,6 @@ from fitdqn.market.env import (
     AGENT_FIELDS,
     LAST,
     NUM_BRANCHES,
-    STOP_ATR,
-    TAKE_PROFIT_ATR,
     TERMINAL,
     FuturesEnv,
 )
@@ -85,7 +83,8 @@ def _build_env(
     return FuturesEnv.from_config(config, split, market=market, num_envs=num_envs, seed=seed)
 
 
-def _spaces(window: int, levels: int) -> tuple[spaces.Box, spaces.MultiDiscrete]:
+def _spaces(window: int, branches: tuple[int, ...]) -> tuple[spaces.Box, spaces.MultiDiscrete]:
+    """Observation and action spaces; ``branches``: (target positions, stop choices, take-profit choices)."""
     big = float(np.finfo(np.float32).max)
     bounds = {
         "position": (-1.0, 1.0),
@@ -99,7 +98,7 @@ def _spaces(window: int, levels: int) -> tuple[spaces.Box, spaces.MultiDiscrete]
     low_w = np.tile(np.asarray(low, dtype=np.float32), (window, 1))
     high_w = np.tile(np.asarray(high, dtype=np.float32), (window, 1))
     observation = spaces.Box(low=low_w, high=high_w, dtype=np.float32)
-    action = spaces.MultiDiscrete([levels, len(STOP_ATR), len(TAKE_PROFIT_ATR)])
+    action = spaces.MultiDiscrete(list(branches))
     return observation, action
 
 
@@ -132,7 +131,7 @@ class FuturesGymEnv(gymnasium.Env):
         )
         self.render_mode = render_mode
         self.observation_space, self.action_space = _spaces(
-            self.env.window, int(self.env.position_levels.numel())
+            self.env.window, self.env.branches
         )
 
     def _obs(self, bar: torch.Tensor, agent: torch.Tensor) -> np.ndarray:
@@ -198,7 +197,7 @@ class FuturesVectorEnv(VectorEnv):
         )
         self.num_envs = int(num_envs)
         self.render_mode = render_mode
-        single_obs, single_action = _spaces(self.env.window, int(self.env.position_levels.numel()))
+        single_obs, single_action = _spaces(self.env.window, self.env.branches)
         self.single_observation_space = single_obs
         self.single_action_space = single_action
         self.observation_space = batch_space(single_obs, self.num_envs)
