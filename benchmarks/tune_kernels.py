@@ -32,7 +32,8 @@ HUBER_SHAPES = [  # (kernel, warps, unrolled loop over the targets: 'rows' only)
     ("pairs", 2, False), ("rows", 8, True), ("rows", 8, False), ("rows", 4, True), ("rows", 4, False),
     ("rows", 2, False), ("rows", 16, False),
 ]
-PROJECTION_SHAPES = [(1, 2), (1, 1), (1, 4), (2, 2), (2, 4), (4, 4), (4, 8), (8, 4), (8, 8), (16, 8)]  # (ROWS, warps)
+# (ROWS, warps)
+PROJECTION_SHAPES = [(1, 2), (1, 1), (1, 4), (2, 1), (2, 2), (2, 4), (4, 1), (4, 4), (4, 8), (8, 4), (8, 8)]
 KERNELS = ("iqn_backward", "iqn_forward", "quantile_huber", "projection")
 
 

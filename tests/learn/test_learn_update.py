@@ -187,15 +187,22 @@ def _parameter_casts(learner: Learner, batch: dict) -> collections.Counter:
         def __init__(self):
             super().__init__()
             self.counts = collections.Counter()
+            self.one_by_one = 0  # casts of a parameter on its own (``Tensor.to``)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in names:
                 self.counts[names[args[0].data_ptr()]] += 1
+                self.one_by_one += 1
+            if func is torch.ops.aten._foreach_copy_.default:  # the up-front casts: (copies, sources)
+                for copy, source in zip(*args[:2], strict=True):
+                    if source.data_ptr() in names and copy.dtype != source.dtype:
+                        self.counts[names[source.data_ptr()]] += 1
             return func(*args, **(kwargs or {}))
 
     casts = Casts()
     with casts:
         learner.update(batch)
+    casts.counts["one by one"] = casts.one_by_one
     return casts.counts
 
 
@@ -207,11 +214,15 @@ def test_each_parameter_is_cast_once_an_update_with_the_same_result():
     batch = make_batch(32, config=config)
     counts = _parameter_casts(make_learner(config=config), batch)
     assert counts["online.tokens.fc1.weight"] == 1 and counts["target.tokens.fc1.weight"] == 1
+    assert counts.pop("one by one") == 0  # all up front, in one multi-tensor copy
     assert max(counts.values()) == 1
-    with mock.patch("fitdqn.learn.learner.casts_once", contextlib.nullcontext):  # cast at every use
+    def every_use(*_):
+        return contextlib.nullcontext()
+
+    with mock.patch("fitdqn.learn.learner.casts_once", every_use):  # cast at every use
         assert _parameter_casts(make_learner(config=config), batch)["online.tokens.fc1.weight"] == 2
     outs, learners = [], []
-    for scope in (casts_once, contextlib.nullcontext):
+    for scope in (casts_once, every_use):
         learner = make_learner(config=config)
         torch.manual_seed(3)
         with mock.patch("fitdqn.learn.learner.casts_once", scope):

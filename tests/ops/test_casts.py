@@ -56,3 +56,17 @@ def test_nested_scopes_share_the_outer_one_and_threads_their_own():
         thread.start()
         thread.join()
     assert seen[0] is not first
+
+
+def test_parameters_cast_up_front_are_handed_out_until_they_change():
+    weights = [nn.Parameter(torch.randn(4, 3)), nn.Parameter(torch.randn(5))]
+    counter = nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)  # not floating: skipped
+    with casts_once([*weights, counter], torch.bfloat16), torch.no_grad():
+        first = [cast(w, torch.bfloat16) for w in weights]
+        for w, copy in zip(weights, first, strict=True):
+            assert copy.dtype == torch.bfloat16 and torch.equal(copy, w.to(torch.bfloat16))  # bit for bit
+            assert cast(w, torch.bfloat16) is copy
+        weights[0].mul_(2.0)  # changed after the up-front cast: cast afresh
+        assert torch.equal(cast(weights[0], torch.bfloat16), weights[0].to(torch.bfloat16))
+        assert cast(weights[0], torch.bfloat16) is not first[0]
+        assert cast(counter, torch.float32).dtype == torch.float32

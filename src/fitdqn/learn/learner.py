@@ -82,6 +82,10 @@ class Learner:
         self.online_params = list(self.online.parameters())
         self.target_params = list(self.target.parameters())
         self.autocast_dtype = autocast_dtype(self.learn_config.precision, self.device)
+        # the parameters cast to the autocast dtype at an update's start, in one launch (fitdqn.ops.casts): the
+        # fused kernel set's layers read those copies; autograd's layers (the torch set) cast for themselves
+        self.cast_up_front = ([*self.params, *self.target_params]
+                              if self.fused and self.autocast_dtype is not None else [])
         cuda = self.device.type == "cuda"
         # a tensor, so a captured update reads the rate the schedule sets between replays (set_lr_progress);
         # float64 on the CPU, where the fused Adam then steps bit for bit as with a Python float rate
@@ -119,7 +123,7 @@ class Learner:
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """One gradient step. ``batch`` keys: ``BATCH_KEYS`` (docs/DESIGN.md); returns ``OUTPUT_KEYS``. Each
         parameter is cast to the autocast dtype once (``fitdqn.ops.casts``), though the online net runs twice."""
-        with casts_once():
+        with casts_once(self.cast_up_front, self.autocast_dtype):
             return self._update(batch)
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

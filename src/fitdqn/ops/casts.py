@@ -13,13 +13,19 @@ ends (the networks' parameters in bf16: the online ones were kept for backward a
 little longer; the planner traces the update, so its step counts them). Outside the scope (acting, backtests)
 ``cast`` is ``Tensor.to``.
 Thread-local: a collector thread acting while an update runs casts for itself.
+
+``casts_once(parameters, dtype)`` casts the given parameters up front, all in one multi-tensor copy
+(``torch._foreach_copy_`` into fresh ``dtype`` tensors: one launch on CUDA where each ``Tensor.to`` was one; the
+same values bit for bit), and ``cast`` hands those copies out. The learner's update passes its networks'
+parameters: at the small widths 45 cast launches of a few microseconds each were the largest item of the H200's
+update profile at batch 8192 (0.086 of 1.50 ms).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -28,16 +34,30 @@ _LOCAL = threading.local()  # .casts: {(id, version, dtype): (tensor, copy)} whi
 
 
 @contextlib.contextmanager
-def casts_once() -> Iterator[None]:
-    """Cast each parameter once per dtype inside (nested scopes share the outermost one)."""
+def casts_once(parameters: Sequence[nn.Parameter] = (), dtype: torch.dtype | None = None) -> Iterator[None]:
+    """Cast each parameter once per dtype inside (nested scopes share the outermost one); with ``dtype``, the
+    floating ``parameters`` of another dtype are cast on entry in one multi-tensor copy."""
     if getattr(_LOCAL, "casts", None) is not None:
         yield
         return
     _LOCAL.casts = {}
     try:
+        if dtype is not None:
+            _cast_up_front(parameters, dtype)
         yield
     finally:
         _LOCAL.casts = None
+
+
+def _cast_up_front(parameters: Sequence[nn.Parameter], dtype: torch.dtype) -> None:
+    sources = [p for p in parameters if p.is_floating_point() and p.dtype != dtype]
+    if not sources:
+        return
+    copies = [torch.empty_like(p, dtype=dtype) for p in sources]
+    with torch.no_grad():
+        torch._foreach_copy_(copies, sources)  # one launch on CUDA (fp32 -> dtype in the kernel)
+    for p, copy in zip(sources, copies, strict=True):
+        _LOCAL.casts[(id(p), p._version, dtype)] = (p, copy)
 
 
 def cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -15,8 +15,9 @@ padding masked (zero probability).
 Launch shape: one program takes ``ROWS`` consecutive distributions, one ``[ROWS, A (i), A (j)]`` tile (rows past
 the end masked), with ``WARPS`` warps; grid ``[ceil(R / ROWS)]``. The work is tiny (~15 MB moved and 0.1 GFLOP
 at R = 24576, A = 51), so the time is the programs' latency: one distribution a program (24,576 programs of 2
-warps) took 0.105 ms of the H200's update at batch 8192. ``benchmarks/tune_kernels.py --kernels projection``
-times the shapes; the constants below are its choice on the H200.
+warps) took 0.105 ms of the H200's update at batch 8192; with one warp a program 0.043 ms (more rows a program
+were slower: 0.11-0.14 ms). ``benchmarks/tune_kernels.py --kernels projection`` times the shapes; the constants
+below are its choice on the H200 (``benchmarks/results/h200_tune_projection_49ce89a.json``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import triton.language as tl
 
 from fitdqn.ops.kernels import on_device
 
-ROWS = 4
-WARPS = 4
+ROWS = 1
+WARPS = 1
 
 
 def fused_projection(probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
