@@ -97,7 +97,8 @@ class NetConfig:
     d_model: int = knob(256, "trunk output width = attention model width", ge=1)
     attention_heads: int = knob(4, "self-attention heads over the bar tokens", ge=1)
     stream_hidden: int = knob(128, "hidden width of each dueling value/advantage stream", ge=1)
-    branches: tuple[int, ...] = knob((5, 5, 5), "sub-actions per branch: target position, stop, take-profit", ge=1)
+    branches: tuple[int, ...] = knob((5, 5, 5), "sub-actions per branch: target position, stop, take-profit "
+                                     "(n, 5, 5); a bracket branch of 1 never places that order", ge=1)
     num_atoms: int = knob(51, "C51 atoms per sub-action", ge=2)
     v_min: float = knob(-10.0, "lowest C51 support value", ge=-INF, le=INF)
     v_max: float = knob(10.0, "highest C51 support value", ge=-INF, le=INF)
