@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fitdqn.config import Config, NetConfig
 from fitdqn.learn import OUTPUT_KEYS, Learner
+from fitdqn.nets.c51 import BranchingDuelingC51
 from fitdqn.ops.casts import casts_once
 
 
@@ -212,13 +213,27 @@ def test_each_parameter_is_cast_once_an_update_with_the_same_result():
     config = small_config(precision="bf16")
     config = dataclasses.replace(config, net=dataclasses.replace(config.net, kernels="triton"))
     batch = make_batch(32, config=config)
+    def every_use(*_):
+        return contextlib.nullcontext()
+
     counts = _parameter_casts(make_learner(config=config), batch)
     assert counts["online.tokens.fc1.weight"] == 1 and counts["target.tokens.fc1.weight"] == 1
     assert counts.pop("one by one") == 0  # all up front, in one multi-tensor copy
     assert max(counts.values()) == 1
-    def every_use(*_):
-        return contextlib.nullcontext()
+    folds = []
+    fold = BranchingDuelingC51._fold
 
+    def counted(self):
+        folds.append(self)
+        return fold(self)
+
+    with mock.patch.object(BranchingDuelingC51, "_fold", counted):
+        learner = make_learner(config=config)
+        learner.update(batch)
+        assert len(folds) == 2  # the C51 folded weight: the online network's once for both passes, the target's
+        with mock.patch("fitdqn.learn.learner.casts_once", every_use):
+            learner.update(batch)
+        assert len(folds) == 5
     with mock.patch("fitdqn.learn.learner.casts_once", every_use):  # cast at every use
         assert _parameter_casts(make_learner(config=config), batch)["online.tokens.fc1.weight"] == 2
     outs, learners = [], []

@@ -7,7 +7,7 @@ import threading
 import torch
 from torch import nn
 
-from fitdqn.ops.casts import cast, casts_once
+from fitdqn.ops.casts import cast, casts_once, derived_once
 
 
 def test_outside_a_scope_every_cast_is_new():
@@ -70,3 +70,27 @@ def test_parameters_cast_up_front_are_handed_out_until_they_change():
         assert torch.equal(cast(weights[0], torch.bfloat16), weights[0].to(torch.bfloat16))
         assert cast(weights[0], torch.bfloat16) is not first[0]
         assert cast(counter, torch.float32).dtype == torch.float32
+
+
+def test_a_derived_tensor_is_built_once_and_carries_gradients_to_the_pass_that_needs_them():
+    layer = nn.Linear(3, 4)
+    builds = []
+
+    def build():
+        builds.append(1)
+        return (layer.weight * 2.0,)
+
+    with casts_once():
+        with torch.no_grad():  # the first pass needs no gradients: built with them all the same, handed out detached
+            (first,) = derived_once(layer, build)
+            assert first.grad_fn is None and torch.equal(first, layer.weight * 2.0)
+            assert cast(first, torch.bfloat16) is cast(first, torch.bfloat16)  # one kept copy
+        (tracked,) = derived_once(layer, build)  # grad mode: the tracked one, not built again
+        assert len(builds) == 1 and tracked.grad_fn is not None
+        tracked.sum().backward()
+        assert torch.equal(layer.weight.grad, torch.full_like(layer.weight, 2.0))
+        with torch.no_grad():
+            layer.weight.add_(1.0)  # changed: built afresh
+            (second,) = derived_once(layer, build)
+        assert len(builds) == 2 and torch.equal(second, layer.weight * 2.0)
+    assert derived_once(layer, build)[0].grad_fn is not None and len(builds) == 3  # outside a scope: every call

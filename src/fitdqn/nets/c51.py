@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fitdqn.nets.groups import tag
+from fitdqn.ops.casts import derived_once
 from fitdqn.ops.linear import linear
 from fitdqn.ops.linear_relu import linear_relu
 
@@ -109,7 +110,12 @@ class BranchingDuelingC51(nn.Module):
         """The value and advantage output layers and the dueling combination as one linear map of the streams:
         weight ``[rows, (1 + branches) h]`` and bias ``[rows]``, rows = branches * max_n * atoms padded to
         ``aligned_width``. Row (d, a, k) holds V's row k in column block 0 and ``W_{d,a,k} - mean_a W_{d,.,k}``
-        in block 1 + d; padded sub-actions and padding rows are zero."""
+        in block 1 + d; padded sub-actions and padding rows are zero. Inside the learner's update built once
+        while the parameters are unchanged (``fitdqn.ops.casts.derived_once``: the online network's two passes
+        share it, and its cast)."""
+        return derived_once(self, self._fold)
+
+    def _fold(self) -> tuple[torch.Tensor, torch.Tensor]:
         branches, n, atoms = len(self.branches), self.max_n, self.atoms
         hidden = self.value.in_features
         adv_weight = self._stacked([layer.weight for layer in self.advantages])  # [br, n, atoms, h]

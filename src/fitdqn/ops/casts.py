@@ -19,13 +19,18 @@ Thread-local: a collector thread acting while an update runs casts for itself.
 same values bit for bit), and ``cast`` hands those copies out. The learner's update passes its networks'
 parameters: at the small widths 45 cast launches of a few microseconds each were the largest item of the H200's
 update profile at batch 8192 (0.086 of 1.50 ms).
+
+:func:`derived_once` does the same for a tensor built from a module's parameters (the C51 head's folded output
+weight): built once a scope while the parameters are unchanged, with autograd where they need gradients (even in
+a ``no_grad`` pass, so the later pass with gradients reuses it), handed out detached under ``no_grad``; ``cast``
+keeps one copy of it for both passes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -60,13 +65,44 @@ def _cast_up_front(parameters: Sequence[nn.Parameter], dtype: torch.dtype) -> No
         _LOCAL.casts[(id(p), p._version, dtype)] = (p, copy)
 
 
+def derived_once(owner: nn.Module, build: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    """``build()`` (tensors computed from ``owner``'s parameters); inside :func:`casts_once`, once while they are
+    unchanged: the autograd-tracked result under grad mode, the same values detached under ``no_grad``."""
+    casts = getattr(_LOCAL, "casts", None)
+    if casts is None:
+        return build()
+    parameters = tuple(owner.parameters())
+    key = ("derived", id(owner), tuple(p._version for p in parameters))
+    if key not in casts:
+        tracked = any(p.requires_grad for p in parameters)
+        with torch.enable_grad() if tracked else contextlib.nullcontext():
+            built = build()
+        detached = tuple(t.detach() for t in built)
+        casts[key] = (owner, built, detached)
+        for index, pair in enumerate(zip(built, detached, strict=True)):
+            for t in pair:  # cast() keeps one copy for both (kept alive here, so the ids stay theirs)
+                casts[("derived tensor", id(t))] = (*key, index)
+    _, built, detached = casts[key]
+    return built if torch.is_grad_enabled() else detached
+
+
+def _kept_key(tensor: torch.Tensor, casts: dict) -> tuple | None:
+    if isinstance(tensor, nn.Parameter):
+        return (id(tensor), tensor._version)
+    token = casts.get(("derived tensor", id(tensor)))
+    return None if token is None else ("derived cast", token, tensor._version)
+
+
 def cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``tensor.to(dtype)``; inside :func:`casts_once`, a parameter's copy made once while it is unchanged."""
     casts = getattr(_LOCAL, "casts", None)
-    if (tensor.dtype == dtype or casts is None or not isinstance(tensor, nn.Parameter)
+    if (tensor.dtype == dtype or casts is None
             or (tensor.requires_grad and torch.is_grad_enabled())):  # a copy autograd must see: cast as before
         return tensor.to(dtype)
-    key = (id(tensor), tensor._version, dtype)
+    kept = _kept_key(tensor, casts)
+    if kept is None:  # an activation
+        return tensor.to(dtype)
+    key = (*kept, dtype)
     if key not in casts:  # the tensor is kept beside its copy, so its id is not reused while the scope is open
         casts[key] = (tensor, tensor.detach().to(dtype))
     return casts[key][1]
