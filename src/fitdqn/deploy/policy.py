@@ -9,12 +9,12 @@ import torch
 
 from fitdqn.config import Config, load_config
 from fitdqn.errors import UserError
-from fitdqn.files import BEST_NAME, CHECKPOINT_NAME, NETWORKS
+from fitdqn.files import NETWORKS
 from fitdqn.learn.learner import Learner
 from fitdqn.market.contract import ContractSpec
 from fitdqn.market.env import STATE_DIM, market_goal_unit
 from fitdqn.market.loader import load_market, market_contract
-from fitdqn.train.checkpoint import best_network_weights, load_checkpoint
+from fitdqn.train.checkpoint import restore_network
 
 
 @dataclass
@@ -57,19 +57,8 @@ def load_run_policy(run_dir: str | Path, device: torch.device | str, network: st
         raise UserError(f"network '{network}': give one of {', '.join(NETWORKS)}")
     config = load_config(config_path)
     device = torch.device(device)
-    path = run_dir / (BEST_NAME if network == "best" else CHECKPOINT_NAME)
-    if network == "best" and not path.is_file():
-        raise UserError(f"'{run_dir}' has no {BEST_NAME} (written at the first validation backtest): act with the "
-                        "latest network with --network last")
-    state = load_checkpoint(path, map_location=device)
     learner = Learner(config, STATE_DIM, device)
-    try:
-        if network == "best":
-            learner.evaluated.load_state_dict(best_network_weights(state))
-        else:
-            learner.load_state_dict(state["learner"])
-    except (KeyError, RuntimeError, ValueError) as error:
-        raise UserError(f"checkpoint in '{run_dir}' does not fit its config.toml ({error}); was it edited?") from None
+    state = restore_network(learner, run_dir, network, device)
     try:
         contract = market_contract(config.market)  # 'auto' on a file: derived from the run's training bars
     except UserError as error:

@@ -19,7 +19,7 @@ import torch
 
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
-from fitdqn.files import atomic_write_bytes, atomic_write_text
+from fitdqn.files import BEST_NAME, CHECKPOINT_NAME, atomic_write_bytes, atomic_write_text
 
 __all__ = ["BEST_NETWORK", "CheckpointError", "atomic_write_bytes", "atomic_write_text", "best_network_weights",
            "checkpoint_summary", "load_checkpoint", "save_checkpoint", "tensor_bytes"]
@@ -47,6 +47,25 @@ class CheckpointError(UserError):
 def best_network_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The evaluated network's weights of a best.pt state (``BEST_NETWORK``; older files call them 'online')."""
     return state[BEST_NETWORK] if BEST_NETWORK in state else state["online"]
+
+
+def restore_network(learner: Any, run_dir: Path, network: str, device: str | torch.device) -> dict[str, Any]:
+    """Load a run directory's trained network into ``learner`` (built from the run's config) and return the
+    checkpoint's state: ``network = 'best'`` puts ``best.pt``'s validation-chosen weights into the network the
+    report evaluates (``learner.evaluated``), ``'last'`` restores the whole learner from the latest checkpoint."""
+    path = run_dir / (BEST_NAME if network == "best" else CHECKPOINT_NAME)
+    if network == "best" and not path.is_file():
+        raise UserError(f"'{run_dir}' has no {BEST_NAME} (written at the first validation backtest); use the latest "
+                        "network with --network last")
+    state = load_checkpoint(path, map_location=device)
+    try:
+        if network == "best":
+            learner.evaluated.load_state_dict(best_network_weights(state))
+        else:
+            learner.load_state_dict(state["learner"])
+    except (KeyError, RuntimeError, ValueError) as error:
+        raise UserError(f"checkpoint in '{run_dir}' does not fit its config.toml ({error}); was it edited?") from None
+    return state
 
 
 def tensor_bytes(value: Any) -> int:

@@ -54,6 +54,7 @@ from fitdqn.train.checkpoint import (
     best_network_weights,
     checkpoint_summary,
     load_checkpoint,
+    restore_network,
     save_checkpoint,
 )
 from fitdqn.train.logs import METRICS_NAME, TENSORBOARD_DIR, RunLogger, read_jsonl
@@ -556,23 +557,12 @@ def print_report(console: Console, markdown: str) -> None:
 
 
 def load_network(run_dir: Path, device, which: str = "best"):
-    """(config, learner, state) of a run directory: the best-by-validation network (best.pt), or ``which =
-    'last'``: the latest checkpoint's."""
+    """(config, learner, market, state) of a run directory: the best-by-validation network (best.pt), or ``which
+    = 'last'``: the latest checkpoint's (:func:`fitdqn.train.checkpoint.restore_network`)."""
     config = resume_config(run_dir)
-    path = run_dir / (BEST_NAME if which == "best" else CHECKPOINT_NAME)
-    if which == "best" and not path.is_file():
-        raise UserError(f"'{run_dir}' has no {BEST_NAME} (written at the first validation backtest); evaluate "
-                        "the latest network with --network last")
-    state = load_checkpoint(path, map_location=device)
-    market = load_market(config.market, window=config.net.window, device=device)
     learner = Learner(config, STATE_DIM, device)
-    try:
-        if which == "best":
-            learner.evaluated.load_state_dict(best_network_weights(state))
-        else:
-            learner.load_state_dict(state["learner"])
-    except (KeyError, RuntimeError, ValueError) as error:
-        raise UserError(f"checkpoint in '{run_dir}' does not fit its config.toml ({error}); was it edited?") from None
+    state = restore_network(learner, run_dir, which, device)
+    market = load_market(config.market, window=config.net.window, device=device)
     return config, learner, market, state
 
 
