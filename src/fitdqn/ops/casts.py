@@ -7,7 +7,7 @@ layers cast its parameters twice a step: 12 of the step's 57 cast kernels at the
 
 Inside :func:`casts_once` (the learner's update), :func:`cast` keeps the cast copy of each parameter it made and
 hands it out again while the parameter is unchanged (its version counter: an in-place update such as the optimizer
-step makes a new copy). Only parameters are kept (the online and target networks'); activations are cast as
+step makes a new copy). Only parameters (and the tensors of :func:`derived_once`) are kept; activations are cast as
 before. The values are the same bit for bit (the same cast of the same tensor); the copies live until the scope
 ends (the networks' parameters in bf16: the online ones were kept for backward anyway, the target's are held a
 little longer; the planner traces the update, so its step counts them). Outside the scope (acting, backtests)
@@ -35,7 +35,9 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-_LOCAL = threading.local()  # .casts: {(id, version, dtype): (tensor, copy)} while a scope is open
+# .casts while a scope is open: {(id, version, dtype): (parameter, copy)}, {("derived", id, versions): (module,
+# tracked, detached)}, {("derived tensor", id): token} and {("derived cast", token, version, dtype): (tensor, copy)}
+_LOCAL = threading.local()
 
 
 @contextlib.contextmanager
