@@ -205,6 +205,14 @@ class MarketConfig:
     validation_fraction: float = knob(0.15, "next part for validation; the rest is the test split", gt=0, lt=1)
     episode_length: int = knob(256, "bars per training episode (random start offsets)", ge=1)
     max_contracts: int = knob(2, "largest absolute position; target positions are -max..+max", ge=1)
+    position_sizing: str = knob(
+        "contracts", "what a target-position level holds: 'contracts' (levels -max..+max contracts) or "
+        "'volatility' (the level's contracts x min(1, market.target_volatility / (ATR(14) / close) of the decision "
+        "bar): smaller positions when the market is more volatile than the target, fractional contracts); rule "
+        "baselines trade through the same env, so they are sized the same way", choices=("contracts", "volatility"))
+    target_volatility: float = knob(
+        0.0, "'volatility' sizing: the ATR(14) / close at and below which a level holds its full contracts; 0 = "
+        "derived: the median over the training split", ge=0)
     reward: str = knob("vol", "reward per step: 'pnl' (net P&L in currency) or 'vol' (net P&L / the decision "
                        "bar's ATR(14) of one contract: position x return / trailing volatility - costs), "
                        "times market.reward_scale", choices=("pnl", "vol"))

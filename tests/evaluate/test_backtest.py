@@ -16,7 +16,8 @@ from fitdqn.market.features import FEATURE_NAMES
 from fitdqn.market.loader import load_market
 
 FLAT, LONG1, LONG2, SHORT1, SHORT2 = 2, 3, 4, 1, 0
-SIZES = dict(window=8, max_contracts=2, reward_scale=1e-3, reward="pnl", risk_penalty=0.0, branches=(5, 5, 5))
+SIZES = dict(window=8, max_contracts=2, reward_scale=1e-3, reward="pnl", risk_penalty=0.0, target_volatility=0.0,
+             branches=(5, 5, 5))
 
 
 @pytest.fixture(scope="module")

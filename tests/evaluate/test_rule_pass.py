@@ -18,7 +18,8 @@ from fitdqn.market.data import normalise_bars, synthetic_bars
 from fitdqn.market.env import FuturesEnv
 from fitdqn.market.loader import load_market, market_from_bars
 
-SIZES = dict(window=8, max_contracts=2, reward_scale=1e-3, reward="pnl", risk_penalty=0.0, branches=(5, 5, 5))
+SIZES = dict(window=8, max_contracts=2, reward_scale=1e-3, reward="pnl", risk_penalty=0.0, target_volatility=0.0,
+             branches=(5, 5, 5))
 FIELDS = ("decision_bar", "timestamp", "pnl", "cost", "reward", "target", "position", "traded", "exit", "equity",
           "buy_and_hold")
 # a currency pair's hourly bars near 1.1: a contract unlike the default index future (multiplier, tick, costs)

@@ -16,5 +16,6 @@ def env_options(**overrides) -> dict:
     config = Config()
     options = dict(num_envs=1, window=config.net.window, episode_length=config.market.episode_length,
                    max_contracts=config.market.max_contracts, reward_scale=TEST_REWARD_SCALE, reward="pnl",
-                   risk_penalty=config.market.risk_penalty, branches=config.net.branches, seed=0)
+                   risk_penalty=config.market.risk_penalty, target_volatility=config.market.target_volatility,
+                   branches=config.net.branches, seed=0)
     return {**options, **overrides}

@@ -91,7 +91,8 @@ def act_on_bars(policy: RunPolicy, bars: pd.DataFrame, *, start: str | pd.Timest
         market.prices, market.atr, market.features, policy.contract, first_bar=first, stop_bar=num_bars + 1,
         num_envs=1, window=window, episode_length=market_config.episode_length,
         max_contracts=market_config.max_contracts, reward_scale=market_config.reward_scale,
-        reward=market_config.reward, risk_penalty=market_config.risk_penalty, branches=net.branches, seed=0,
+        reward=market_config.reward, risk_penalty=market_config.risk_penalty,
+        target_volatility=market_config.target_volatility, branches=net.branches, seed=0,
         sequential=True, goal_unit=unit,
     )
     goal = 0.5 * (env.goal_range[0] + env.goal_range[1])  # as the backtests: the middle of the goal range

@@ -37,7 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import Tensor
 
 from fitdqn.market.contract import ContractSpec
-from fitdqn.market.env import NUM_BRANCHES, FuturesEnv, resolve_reward
+from fitdqn.market.env import NUM_BRANCHES, FuturesEnv, needs_resolving, resolve_reward
 from fitdqn.market.loader import Market, load_market
 
 
@@ -324,6 +324,7 @@ class SplitSizes:
     reward_scale: float
     reward: str
     risk_penalty: float
+    target_volatility: float
     branches: Sequence[int]
     segments: int
 
@@ -331,12 +332,12 @@ class SplitSizes:
     def of_config(cls, config, market: Market) -> SplitSizes:
         """The sizes of a :class:`fitdqn.config.Config` (the reward scale derived from ``market``'s training split
         where the config leaves it 0, as the agent was trained)."""
-        if config.market.reward_scale <= 0:
+        if needs_resolving(config.market):
             config, _ = resolve_reward(config, market)
         m = config.market
         return cls(window=config.net.window, episode_length=m.episode_length, max_contracts=m.max_contracts,
                    reward_scale=m.reward_scale, reward=m.reward, risk_penalty=m.risk_penalty,
-                   branches=config.net.branches,
+                   target_volatility=m.target_volatility, branches=config.net.branches,
                    segments=config.evaluate.segments)
 
     def layout(self, market: Market, split: str) -> int:
@@ -351,7 +352,8 @@ def split_env(market: Market, split: str, num_envs: int, sizes: SplitSizes, goal
     env = FuturesEnv.from_market(market, split, num_envs=num_envs, window=sizes.window,
                                  episode_length=sizes.episode_length, max_contracts=sizes.max_contracts,
                                  reward_scale=sizes.reward_scale, reward=sizes.reward,
-                                 risk_penalty=sizes.risk_penalty, branches=sizes.branches,
+                                 risk_penalty=sizes.risk_penalty, target_volatility=sizes.target_volatility,
+                                 branches=sizes.branches,
                                  sequential=True, seed=0)  # a sequential env draws no start bars; the goal is set below
     g = 0.5 * (env.goal_range[0] + env.goal_range[1]) if goal is None else float(goal)
     env.goal_range = (g, g)

@@ -3,7 +3,10 @@
 One step = one decision at the close of bar ``t`` for every env, made of three sub-actions (action branching):
 
 * branch 0, target position: index i -> ``round((i - c) * max_contracts / c)`` contracts, ``c = (n - 1) / 2``
-  (``net.branches[0] = 5``, ``max_contracts = 2``: -2, -1, 0, +1, +2);
+  (``net.branches[0] = 5``, ``max_contracts = 2``: -2, -1, 0, +1, +2); with volatility sizing
+  (``target_volatility > 0``, ``market.position_sizing = 'volatility'``) those contracts x
+  ``min(1, target_volatility / (ATR(14)_t / close_t))``: fractional, smaller when bar t's market is more volatile
+  than the target, never more than the level;
 * branch 1, protective stop: none, 1, 1.5, 2 or 3 x ATR(14) of bar t (:data:`STOP_ATR`);
 * branch 2, take-profit: none, 1, 2, 3 or 5 x ATR(14) of bar t (:data:`TAKE_PROFIT_ATR`).
 
@@ -140,21 +143,50 @@ class RewardScale:
     return_std: float  # std of the full-position discounted return, in scaled reward units
     outside_one_step: float  # share of full-position one-step rewards outside [v_min, v_max]
     outside_n_step: float  # share of full-position n-step returns outside [v_min, v_max]
+    target_volatility: float  # volatility sizing's ATR/close of a full level; 0: positions in contracts
 
     def describe(self) -> str:
         how = "derived from the training split" if self.source == "derived" else "market.reward_scale as given"
+        sizing = (f"; positions sized by volatility: a level's full contracts at ATR/close <= "
+                  f"{100 * self.target_volatility:.3g} %" if self.target_volatility > 0 else "")
         return (f"{self.reward} x {self.scale:.4g} ({how}); full-position discounted return std "
                 f"{self.return_std:.2f}; outside the C51 support: {100 * self.outside_one_step:.2f} % of one-step "
-                f"rewards, {100 * self.outside_n_step:.2f} % of n-step returns")
+                f"rewards, {100 * self.outside_n_step:.2f} % of n-step returns{sizing}")
 
 
-def full_position_rewards(market: Market, window: int, max_contracts: int, reward: str) -> np.ndarray:
-    """Unscaled one-step rewards of holding ``max_contracts`` through the training split, close to close
-    ``[N]`` float64 (costs left out: they are a small, policy-dependent share). Host sync."""
+def relative_volatility(market: Market, window: int, split: str | Split = "train") -> np.ndarray:
+    """ATR(14) / close of every decision bar of ``split`` ``[N]`` float64 (what volatility sizing reads). Host sync."""
+    s = market.split(split)
+    first = market.first_bar(s, window)
+    atr = market.atr[first:s.stop - 1].double().cpu().numpy()
+    close = market.prices[first:s.stop - 1, 3].double().cpu().numpy()
+    return np.maximum(atr, market.contract.tick_size) / close
+
+
+def position_size(relative: Tensor | np.ndarray, target_volatility: float):
+    """Volatility sizing: the share of a level's contracts held at ATR/close ``relative``,
+    ``min(1, target_volatility / relative)`` (a tensor or an array, as ``relative``)."""
+    ratio = target_volatility / relative
+    return ratio.clamp(max=1.0) if isinstance(ratio, Tensor) else np.minimum(ratio, 1.0)
+
+
+def derive_target_volatility(market: Market, window: int) -> float:
+    """'volatility' sizing's target derived from the data: the median ATR(14) / close of the training split."""
+    relative = relative_volatility(market, window)
+    return float(np.median(relative)) if relative.size else 1.0
+
+
+def full_position_rewards(market: Market, window: int, max_contracts: int, reward: str,
+                          target_volatility: float) -> np.ndarray:
+    """Unscaled one-step rewards of holding the full position (``max_contracts``, sized by ``target_volatility``
+    when it is positive) through the training split, close to close ``[N]`` float64 (costs left out: they are a
+    small, policy-dependent share). Host sync."""
     train = market.split("train")
     first = market.first_bar(train, window)
     close = market.prices[first:train.stop, 3].double().cpu().numpy()
     change = np.diff(close)  # [N] points per contract, decision bar t -> t + 1
+    if target_volatility > 0:
+        change = change * position_size(relative_volatility(market, window), target_volatility)
     if reward == "vol":
         atr = market.atr[first:train.stop - 1].double().cpu().numpy()
         per_contract = change / np.maximum(atr, market.contract.tick_size)
@@ -179,7 +211,7 @@ def derive_reward_scale(market: Market, config) -> RewardScale:
     """The reward scale of ``config`` on ``market`` (``market.reward_scale`` if positive, else derived from the
     training split, module docstring) and where the training split's returns then fall."""
     m, learn, net = config.market, config.learn, config.net
-    raw = full_position_rewards(market, net.window, m.max_contracts, m.reward)
+    raw = full_position_rewards(market, net.window, m.max_contracts, m.reward, m.target_volatility)
     horizon = min(m.episode_length, max(learn.n_step, round(3.0 / max(1.0 - learn.gamma, 1e-6))))  # 3 time constants
     full = discounted_returns(raw, learn.gamma, horizon)
     if m.reward_scale > 0:
@@ -193,14 +225,27 @@ def derive_reward_scale(market: Market, config) -> RewardScale:
         return float(np.mean((values < net.v_min) | (values > net.v_max))) if values.size else 0.0
 
     return RewardScale(m.reward, float(scale), source, float(full.std() * scale), outside(raw * scale),
-                       outside(n_step))
+                       outside(n_step), m.target_volatility)
+
+
+def needs_resolving(market_config: MarketConfig) -> bool:
+    """Whether ``market_config`` leaves a value to derive from the data (:func:`resolve_reward`)."""
+    return market_config.reward_scale <= 0 or (market_config.position_sizing == "volatility"
+                                               and market_config.target_volatility <= 0)
 
 
 def resolve_reward(config, market: Market):
-    """``config`` with ``market.reward_scale`` resolved for ``market`` (the derived value when it is 0) and what
-    the scale does (:class:`RewardScale`)."""
+    """``config`` with the values it leaves to the data resolved for ``market``: the volatility sizing's target
+    (``market.target_volatility``, when ``market.position_sizing = 'volatility'``: the derived value when it is 0,
+    and 0 under 'contracts') and then ``market.reward_scale`` (the derived value when it is 0), and what the scale
+    does (:class:`RewardScale`)."""
     import dataclasses
 
+    m = config.market
+    target = 0.0
+    if m.position_sizing == "volatility":
+        target = m.target_volatility if m.target_volatility > 0 else derive_target_volatility(market, config.net.window)
+    config = dataclasses.replace(config, market=dataclasses.replace(m, target_volatility=target))
     info = derive_reward_scale(market, config)
     resolved = dataclasses.replace(config, market=dataclasses.replace(config.market, reward_scale=info.scale))
     return resolved, info
@@ -231,6 +276,7 @@ class FuturesEnv:
         reward_scale: float,
         reward: str,
         risk_penalty: float,
+        target_volatility: float,
         branches: Sequence[int],
         seed: int,
         stop_bar: int | None = None,
@@ -286,6 +332,10 @@ class FuturesEnv:
         if not risk_penalty >= 0:
             raise UserError(f"market.risk_penalty must be at least 0, got {risk_penalty}")
         self.risk_penalty = float(risk_penalty)  # reward r -> r - risk_penalty x r^2 (0: the plain reward)
+        if not (math.isfinite(target_volatility) and target_volatility >= 0):
+            raise UserError("the volatility sizing's target must be >= 0 (0: positions in contracts); resolve "
+                            "market.target_volatility = 0 with fitdqn.market.env.resolve_reward(config, market)")
+        self.target_volatility = float(target_volatility)  # 0: a level is its contracts
         self.sequential = bool(sequential)
         self.contract = contract
         self.first_bar = int(first_bar)
@@ -361,7 +411,7 @@ class FuturesEnv:
         ``collect.num_envs``, ``train.seed``); pass ``market`` to share one loaded Market between envs."""
         if market is None:
             market = load_market(config.market, window=config.net.window, device=device)
-        if config.market.reward_scale <= 0:  # derived from the training split (host sync, construction only)
+        if needs_resolving(config.market):  # derived from the training split (host sync, construction only)
             config, _ = resolve_reward(config, market)
         m = config.market
         return cls.from_market(
@@ -378,6 +428,7 @@ class FuturesEnv:
             sequential=sequential,
             goal_unit=goal_unit,
             risk_penalty=m.risk_penalty,
+            target_volatility=m.target_volatility,
         )
 
     # ------------------------------------------------------------------------------------------ contract
@@ -462,7 +513,9 @@ class FuturesEnv:
         step_before = self.episode_step.clone()
 
         held_before = self.position.clone()  # [E] contracts
-        target = self.position_levels[a[:, 0]]  # [E]
+        target = self.position_levels[a[:, 0]]  # [E] contracts
+        if self.target_volatility > 0:  # a Python float fixed at construction: volatility sizing
+            target = target * position_size(atr0.clamp(min=self.tick) / c0, self.target_volatility)  # [E]
         k_stop = self.stop_levels[a[:, 1]]
         k_take = self.take_levels[a[:, 2]]
         trade = target - held_before  # contracts bought (+) / sold (-) at the open
@@ -503,7 +556,7 @@ class FuturesEnv:
         same_side = held_before * target > 0
         grew = same_side & (target.abs() > held_before.abs())
         fresh = (target != 0) & ~same_side
-        blended = (self.entry_price * held_before.abs() + fill_px * traded_open) / target.abs().clamp(min=1.0)
+        blended = (self.entry_price * held_before.abs() + fill_px * traded_open) / target.abs().clamp(min=1e-6)
         entry = torch.where(fresh, fill_px, torch.where(grew, blended, self.entry_price))
         open_after = held_after != 0
         entry = torch.where(open_after, entry, torch.zeros_like(entry))

@@ -139,6 +139,7 @@ def trace_config(config: Config, device: DeviceInfo) -> tuple[Config, str]:
 
 
 STAND_IN_GOAL_UNIT = 1.0  # HER's goal scale on the stand-in market: a host number that moves no byte
+STAND_IN_TARGET_VOLATILITY = 0.01  # volatility sizing's target there: a host number, the same traced ops
 
 
 def stand_in_system(config: Config, num_bars: int, capacity: int, batch_size: int,
@@ -148,8 +149,12 @@ def stand_in_system(config: Config, num_bars: int, capacity: int, batch_size: in
     shapes only)."""
     from fitdqn.system import build_system, stand_in_market
 
-    if config.market.reward_scale <= 0:  # derived from real bars at run time; a host number that moves no byte
-        config = dataclasses.replace(config, market=dataclasses.replace(config.market, reward_scale=1.0))
+    market = config.market
+    if market.reward_scale <= 0:  # derived from real bars at run time; a host number that moves no byte
+        market = dataclasses.replace(market, reward_scale=1.0)
+    if market.position_sizing == "volatility" and market.target_volatility <= 0:  # the same: a host number
+        market = dataclasses.replace(market, target_volatility=STAND_IN_TARGET_VOLATILITY)
+    config = dataclasses.replace(config, market=market)
     system = build_system(config, stand_in_market(config, num_bars), device, capacity=capacity,
                           batch_size=batch_size,
                           epsilon_decay_steps=Schedule.from_config(config, batch_size).epsilon_decay_steps,
