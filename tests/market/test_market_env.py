@@ -425,3 +425,49 @@ def test_a_given_goal_unit_is_used_as_given(sp500_market):
     derived = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=4))
     given = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=4), goal_unit=0.7)
     assert derived.goal_unit != 0.7 and given.goal_unit == 0.7 and given.goal_range == (0.0, 0.7 * 16.0)
+
+
+def test_volatility_sizing_holds_the_level_times_the_target_over_the_bars_volatility():
+    """market.position_sizing = 'volatility': a level's contracts x min(1, target / (ATR / close)) of the decision
+    bar; fills, costs and P&L are those of the fractional position; below the target the full level."""
+    bars = [FLAT_BAR, (100.5, 102.0, 100.0, 101.5), (101.0, 103.0, 100.5, 102.5)]
+    prices = torch.tensor(bars, dtype=torch.float32)
+    atr = torch.tensor([4.0, 1.0, 1.0])  # ATR / close: 4 % at bar 0, about 1 % at bar 1
+
+    def env_with(target: float) -> FuturesEnv:
+        return FuturesEnv(prices, atr, torch.zeros(3, NUM_FEATURES), TEST_CONTRACT, first_bar=0, stop_bar=3,
+                          **env_options(window=1, episode_length=2, target_volatility=target))
+
+    sized = env_with(0.01)  # 1 %: a quarter of the level at bar 0, all of it at bar 1 (1 / 101.5 < 1 %)
+    first = sized.step(act(LONG2, 0, 0))
+    assert first["position"].item() == pytest.approx(0.5)  # 2 contracts x 0.01 / (4 / 100)
+    assert first["traded"].item() == pytest.approx(0.5)
+    assert first["pnl"].item() == pytest.approx(0.5 * (101.5 - 100.5 - 0.25) * 50 - 0.5 * 2.5, rel=1e-5)
+    second = sized.step(act(LONG2, 0, 0))  # the full level: buy 1.5 more at the open, hold, liquidate 2 at the close
+    assert second["position"].item() == pytest.approx(2.0)
+    assert second["traded"].item() == pytest.approx(1.5 + 2.0)
+    plain = env_with(0.0)  # 0: positions in contracts, as without sizing
+    assert plain.step(act(LONG2, 0, 0))["position"].item() == 2.0
+    with pytest.raises(UserError, match="target"):
+        env_with(-0.01)
+
+
+def test_volatility_sizing_target_is_derived_from_the_training_split():
+    """market.target_volatility = 0 resolves to the median ATR / close of the training split's decision bars, the
+    reward scale then derived for the sized positions; 'contracts' leaves it 0; a given target is kept."""
+    from fitdqn.market.env import resolve_reward
+
+    config = with_overrides(Config(), {"market.data": "synthetic", "market.position_sizing": "volatility"})
+    market = load_market(config.market, window=config.net.window)
+    train = market.split("train")
+    first = market.first_bar(train, config.net.window)
+    relative = (market.atr[first:train.stop - 1].double() / market.prices[first:train.stop - 1, 3].double()).numpy()
+    resolved, info = resolve_reward(config, market)
+    assert resolved.market.target_volatility == pytest.approx(float(np.median(relative)), rel=1e-9)
+    assert info.target_volatility == resolved.market.target_volatility and "sized by volatility" in info.describe()
+    plain, _ = resolve_reward(with_overrides(config, {"market.position_sizing": "contracts"}), market)
+    assert plain.market.target_volatility == 0.0 and resolved.market.reward_scale > plain.market.reward_scale
+    given, _ = resolve_reward(with_overrides(config, {"market.target_volatility": 0.02}), market)
+    assert given.market.target_volatility == 0.02
+    env = FuturesEnv.from_config(config, "train", market=market, num_envs=2)  # 0 resolves to the same target
+    assert env.target_volatility == pytest.approx(resolved.market.target_volatility)
