@@ -206,10 +206,11 @@ class MarketConfig:
     episode_length: int = knob(256, "bars per training episode (random start offsets)", ge=1)
     max_contracts: int = knob(2, "largest absolute position; target positions are -max..+max", ge=1)
     position_sizing: str = knob(
-        "contracts", "what a target-position level holds: 'contracts' (levels -max..+max contracts) or "
-        "'volatility' (the level's contracts x min(1, market.target_volatility / (ATR(14) / close) of the decision "
-        "bar): smaller positions when the market is more volatile than the target, fractional contracts); rule "
-        "baselines trade through the same env, so they are sized the same way", choices=("contracts", "volatility"))
+        "volatility", "what a target-position level holds: 'volatility' (the level's contracts x min(1, "
+        "market.target_volatility / (ATR(14) / close) of the decision bar): smaller positions when the market is "
+        "more volatile than the target, fractional contracts; validates higher on the synthetic market, "
+        "BENCHMARKS.md) or 'contracts' (levels -max..+max contracts); rule baselines trade through the same env, "
+        "so they are sized the same way", choices=("contracts", "volatility"))
     target_volatility: float = knob(
         0.0, "'volatility' sizing: the ATR(14) / close at and below which a level holds its full contracts; 0 = "
         "derived: the median over the training split", ge=0)
