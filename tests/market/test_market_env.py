@@ -441,6 +441,7 @@ def test_volatility_sizing_holds_the_level_times_the_target_over_the_bars_volati
     sized = env_with(0.01)  # 1 %: a quarter of the level at bar 0, all of it at bar 1 (1 / 101.5 < 1 %)
     first = sized.step(act(LONG2, 0, 0))
     assert first["position"].item() == pytest.approx(0.5)  # 2 contracts x 0.01 / (4 / 100)
+    assert first["target"].item() == pytest.approx(0.5)  # what the backtests and `fitdqn act` report
     assert first["traded"].item() == pytest.approx(0.5)
     assert first["pnl"].item() == pytest.approx(0.5 * (101.5 - 100.5 - 0.25) * 50 - 0.5 * 2.5, rel=1e-5)
     second = sized.step(act(LONG2, 0, 0))  # the full level: buy 1.5 more at the open, hold, liquidate 2 at the close

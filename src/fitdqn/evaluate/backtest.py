@@ -213,8 +213,7 @@ class SegmentPass:
         env = self.env
         action = self.act()  # [E, 3]
         out = env.step(action)
-        values = {name: out[name] for name in (*RECORDS, "exit", "bar")}  # [E] each
-        values["target"] = env.position_levels[action[:, 0].long()]
+        values = {name: out[name] for name in (*RECORDS, "target", "exit", "bar")}  # [E] each
         at = self.index.view(1)  # a device index (indexing with a 0-dim tensor would read it on the host)
         for name, value in values.items():
             record = self.record[name]

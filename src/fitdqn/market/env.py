@@ -454,6 +454,15 @@ class FuturesEnv:
         """Device bytes of this env's own tensors (the shared market tensors are not counted)."""
         return env_state_bytes(self.num_envs)
 
+    def target_contracts(self, position_index: Tensor, bar: Tensor) -> Tensor:
+        """Contracts that branch 0's ``position_index [E]`` aims for at the close of ``bar [E]``: the level, x
+        ``min(1, target_volatility / (ATR / close))`` of that bar under volatility sizing."""
+        target = self.position_levels[position_index]  # [E]
+        if self.target_volatility > 0:  # a Python float fixed at construction: volatility sizing
+            relative = self.atr[bar].clamp(min=self.tick) / self.prices[bar, 3]  # [E] ATR / close
+            target = target * position_size(relative, self.target_volatility)
+        return target
+
     # ------------------------------------------------------------------------------------------ episodes
     def _draw(self) -> tuple[Tensor, Tensor]:
         """Fresh random start bars and goals for every env (``[E]`` each): always drawn, used where needed."""
@@ -497,9 +506,9 @@ class FuturesEnv:
         ``action [E, 3]`` integer sub-action indices. Returns the transition fields (``transition_spec``:
         bar, agent, action, reward, achieved, next_agent, episode_step, flags), the post-reset inputs of the
         next observation (``current_bar [E]`` int64, ``current_agent [E, Fa]``) and backtest extras in
-        currency and contracts: ``pnl`` (net), ``cost`` (commission + slippage), ``position`` (held at the
-        fill bar's close, before an end-of-episode liquidation), ``traded`` (contracts filled) and ``exit``
-        (EXIT_* code). No host sync; no Python branch on tensor values.
+        currency and contracts: ``pnl`` (net), ``cost`` (commission + slippage), ``target`` (the contracts aimed
+        for at the open), ``position`` (held at the fill bar's close, before an end-of-episode liquidation),
+        ``traded`` (contracts filled) and ``exit`` (EXIT_* code). No host sync; no Python branch on tensor values.
         """
         L = self.episode_length
         a = action.long()  # [E, 3]
@@ -513,9 +522,7 @@ class FuturesEnv:
         step_before = self.episode_step.clone()
 
         held_before = self.position.clone()  # [E] contracts
-        target = self.position_levels[a[:, 0]]  # [E] contracts
-        if self.target_volatility > 0:  # a Python float fixed at construction: volatility sizing
-            target = target * position_size(atr0.clamp(min=self.tick) / c0, self.target_volatility)  # [E]
+        target = self.target_contracts(a[:, 0], b0)  # [E]
         k_stop = self.stop_levels[a[:, 1]]
         k_take = self.take_levels[a[:, 2]]
         trade = target - held_before  # contracts bought (+) / sold (-) at the open
@@ -617,6 +624,7 @@ class FuturesEnv:
             "current_agent": self.agent.clone(),
             "pnl": pnl,
             "cost": cost,
+            "target": target,
             "position": held,
             "traded": fills,
             "exit": exit_code,
