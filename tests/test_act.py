@@ -20,7 +20,7 @@ from fitdqn.deploy.export import acting_network
 from fitdqn.errors import UserError
 from fitdqn.evaluate.backtest import evaluate_config
 from fitdqn.evaluate.baselines import greedy_policy
-from fitdqn.market.env import FuturesEnv
+from fitdqn.market.env import FuturesEnv, position_levels
 from fitdqn.market.loader import load_market
 from fitdqn.train.checkpoint import best_network_weights
 from fitdqn.train.run import train
@@ -77,6 +77,12 @@ def test_act_reproduces_the_test_backtest(policy, market):
     assert np.array_equal(frame[list(ACTION_COLUMNS)].to_numpy()[:n], taken)
     assert len(np.unique(taken[:, 0])) > 1  # a policy that moves, so the comparison means something
     assert np.array_equal(frame["target"].to_numpy()[:n], backtest.target)
+    # the contracts aimed for: the level sized by volatility (the default), as the env's fills were
+    bar = backtest.decision_bar
+    relative = market.atr.numpy()[bar] / market.prices[:, 3].numpy()[bar]
+    level = np.asarray(position_levels(policy.config.net.branches[0], policy.config.market.max_contracts))[taken[:n, 0]]
+    sized = level * np.minimum(1.0, policy.config.market.target_volatility / relative)
+    np.testing.assert_allclose(frame["target"].to_numpy()[:n], sized, rtol=1e-5, atol=1e-6)
     assert np.array_equal(frame["timestamp"].to_numpy()[:n], market.bars["timestamp"].to_numpy()[backtest.decision_bar])
     # the held position comes from the env's own mechanics: it is what the backtest held after the step before
     assert np.array_equal(frame["held"].to_numpy()[1:n], backtest.position[:n - 1] * (backtest.exit[:n - 1] != 3))
@@ -92,6 +98,10 @@ def test_bracket_prices_lie_on_the_right_side(policy, market):
     next_open = market.bars["open"].to_numpy()[frame.index[:-1] + market.warmup + 1]
     base = np.append(next_open, frame["close"].iloc[-1])  # what the bracket is measured from
     side = np.sign(frame["target"].to_numpy())
+    level = np.asarray(position_levels(policy.config.net.branches[0], policy.config.market.max_contracts))[
+        frame["action_position"].to_numpy()]
+    held_level = np.abs(frame["target"].to_numpy()) == np.abs(level)
+    assert held_level.any() and not held_level.all()  # volatility sizing: some training bars are above the target
     stop, take = frame["stop_price"].to_numpy(), frame["take_profit_price"].to_numpy()
     has_stop, has_take = ~np.isnan(stop), ~np.isnan(take)
     assert has_stop.any() or has_take.any()
@@ -168,6 +178,9 @@ def test_exported_program_picks_the_learners_actions(policy, market, tmp_path):
         assert actions.dtype == torch.int64 and q.shape == (obs.shape[0], 3, 5)
         assert torch.equal(actions, policy.learner.act(obs, torch.zeros(()), network=policy.learner.evaluated))
     assert meta["branches"]["target_contracts"] == [-2.0, -1.0, 0.0, 1.0, 2.0]
+    sizing = meta["position_sizing"]  # the run's resolved sizing: the default sizes by volatility
+    assert sizing["mode"] == policy.config.market.position_sizing == "volatility"
+    assert sizing["target_volatility"] == policy.config.market.target_volatility > 0
     assert meta["inputs"]["obs"] == ["batch", 4, 80] and len(meta["feature_names"]) + len(meta["agent_fields"]) == 80
 
 

@@ -80,6 +80,12 @@ def metadata(policy: RunPolicy) -> dict[str, Any]:
             "stop_atr": list(STOP_ATR),
             "take_profit_atr": list(TAKE_PROFIT_ATR),
         },
+        "position_sizing": {  # what a target_contracts level holds (fitdqn.market.env.FuturesEnv.target_contracts)
+            "mode": config.market.position_sizing,
+            "target_volatility": config.market.target_volatility,
+            "contracts": ("target_contracts[i] x min(1, target_volatility / (ATR(14) / close)) of the decision bar"
+                          if config.market.target_volatility > 0 else "target_contracts[i]"),
+        },
         "risk": config.learn.risk,
         "contract": dataclasses.asdict(policy.contract) if dataclasses.is_dataclass(policy.contract) else None,
         "config": {"net": dataclasses.asdict(config.net), "market": dataclasses.asdict(config.market)},
