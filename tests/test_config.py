@@ -152,3 +152,20 @@ def test_knob_without_bounds_is_still_valid():
         knob(1, "two lower bounds", ge=0, gt=0)
     with pytest.raises(TypeError):
         knob("x", "default outside its choices", choices=("a", "b"))
+
+
+def test_a_run_config_that_predates_a_key_is_read_as_the_run_was_trained(tmp_path):
+    """A run's config.toml written before market.position_sizing existed held whole contracts: reading it back
+    (resume, evaluate, act, export) gives 'contracts', not the later default; a file that has the key keeps it."""
+    from fitdqn.config import PREDATED_KEYS, dump_config, load_run_config
+
+    assert Config().market.position_sizing == "volatility" and PREDATED_KEYS["market.position_sizing"] == "contracts"
+    written = tmp_path / "config.toml"
+    written.write_text(dump_config(Config()))
+    assert load_run_config(written).market.position_sizing == "volatility"
+    old = tmp_path / "old.toml"
+    old.write_text("\n".join(line for line in dump_config(Config()).splitlines()
+                             if not line.startswith("position_sizing")))
+    assert "position_sizing" not in old.read_text()
+    assert load_run_config(old).market.position_sizing == "contracts"
+    assert load_run_config(old).market.target_volatility == 0.0

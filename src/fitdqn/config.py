@@ -494,6 +494,27 @@ def load_config(path: str | Path, base: Config | None = None) -> Config:
     return config_from_dict(data, base)
 
 
+# keys a run directory's config.toml may predate, with the value every run had before the key existed (a run is
+# read back as it was trained, not with a later default)
+PREDATED_KEYS = {
+    "market.position_sizing": "contracts",  # before volatility sizing, levels were whole contracts
+}
+
+
+def load_run_config(path: str | Path) -> Config:
+    """The config a run wrote (``config.toml`` of a run directory): :func:`load_config`, where a key the file
+    predates (:data:`PREDATED_KEYS`) takes the value runs had then."""
+    path = Path(path)
+    config = load_config(path)
+    data = tomllib.loads(path.read_text())  # readable: load_config has read it
+    older = {}
+    for key, value in PREDATED_KEYS.items():
+        section, name = key.split(".")
+        if name not in data.get(section, {}):
+            older[key] = value
+    return with_overrides(config, older) if older else config
+
+
 def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:
     return {
         name: {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(section).items()}

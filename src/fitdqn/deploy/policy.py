@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from fitdqn.config import Config, load_config
+from fitdqn.config import Config, load_run_config
 from fitdqn.errors import UserError
 from fitdqn.files import NETWORKS
 from fitdqn.learn.learner import Learner
@@ -55,7 +55,7 @@ def load_run_policy(run_dir: str | Path, device: torch.device | str, network: st
         raise UserError(f"'{run_dir}' has no config.toml: not a fitdqn run directory (fitdqn train --out writes one)")
     if network not in NETWORKS:
         raise UserError(f"network '{network}': give one of {', '.join(NETWORKS)}")
-    config = load_config(config_path)
+    config = load_run_config(config_path)
     device = torch.device(device)
     learner = Learner(config, STATE_DIM, device)
     state = restore_network(learner, run_dir, network, device)

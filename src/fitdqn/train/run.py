@@ -34,7 +34,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fitdqn.config import Config, TrainConfig, load_config, validate
+from fitdqn.config import Config, TrainConfig, load_run_config, validate
 from fitdqn.device.probe import probe, resolve_device
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
@@ -150,7 +150,7 @@ def resume_config(run_dir: Path) -> Config:
     if not path.is_file():
         raise UserError(f"'{run_dir}' has no {CONFIG_NAME}: not a fitdqn run directory (fitdqn train --out writes "
                         "one)")
-    config = load_config(path)
+    config = load_run_config(path)
     return dataclasses.replace(config, train=dataclasses.replace(config.train, minutes=TrainConfig().minutes))
 
 
