@@ -472,3 +472,6 @@ def test_volatility_sizing_target_is_derived_from_the_training_split():
     assert given.market.target_volatility == 0.02
     env = FuturesEnv.from_config(config, "train", market=market, num_envs=2)  # 0 resolves to the same target
     assert env.target_volatility == pytest.approx(resolved.market.target_volatility)
+    whole = with_overrides(config, {"market.position_sizing": "contracts", "market.target_volatility": 0.02,
+                                    "market.reward_scale": 1.0})  # nothing left to resolve: a target unused
+    assert FuturesEnv.from_config(whole, "train", market=market, num_envs=2).target_volatility == 0.0

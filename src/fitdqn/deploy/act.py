@@ -27,7 +27,7 @@ from fitdqn.errors import UserError
 from fitdqn.evaluate.backtest import run_backtest
 from fitdqn.evaluate.baselines import greedy_policy
 from fitdqn.market.data import read_bars_file
-from fitdqn.market.env import STOP_ATR, TAKE_PROFIT_ATR, FuturesEnv
+from fitdqn.market.env import STOP_ATR, TAKE_PROFIT_ATR, FuturesEnv, sizing_target
 from fitdqn.market.loader import market_from_bars
 
 ACTION_COLUMNS = ("action_position", "action_stop", "action_take_profit")  # sub-action index per branch
@@ -92,7 +92,7 @@ def act_on_bars(policy: RunPolicy, bars: pd.DataFrame, *, start: str | pd.Timest
         num_envs=1, window=window, episode_length=market_config.episode_length,
         max_contracts=market_config.max_contracts, reward_scale=market_config.reward_scale,
         reward=market_config.reward, risk_penalty=market_config.risk_penalty,
-        target_volatility=market_config.target_volatility, branches=net.branches, seed=0,
+        target_volatility=sizing_target(market_config), branches=net.branches, seed=0,
         sequential=True, goal_unit=unit,
     )
     goal = 0.5 * (env.goal_range[0] + env.goal_range[1])  # as the backtests: the middle of the goal range

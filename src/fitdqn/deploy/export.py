@@ -23,7 +23,7 @@ from torch import nn
 import fitdqn
 from fitdqn.deploy.policy import RunPolicy
 from fitdqn.errors import UserError
-from fitdqn.market.env import AGENT_FIELDS, STOP_ATR, TAKE_PROFIT_ATR, position_levels
+from fitdqn.market.env import AGENT_FIELDS, STOP_ATR, TAKE_PROFIT_ATR, position_levels, sizing_target
 from fitdqn.market.features import FEATURE_NAMES
 from fitdqn.nets.qnet import QNetwork
 
@@ -82,9 +82,9 @@ def metadata(policy: RunPolicy) -> dict[str, Any]:
         },
         "position_sizing": {  # what a target_contracts level holds (fitdqn.market.env.FuturesEnv.target_contracts)
             "mode": config.market.position_sizing,
-            "target_volatility": config.market.target_volatility,
+            "target_volatility": sizing_target(config.market),
             "contracts": ("target_contracts[i] x min(1, target_volatility / (ATR(14) / close)) of the decision bar"
-                          if config.market.target_volatility > 0 else "target_contracts[i]"),
+                          if sizing_target(config.market) > 0 else "target_contracts[i]"),
         },
         "risk": config.learn.risk,
         "contract": dataclasses.asdict(policy.contract) if dataclasses.is_dataclass(policy.contract) else None,

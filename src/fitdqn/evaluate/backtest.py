@@ -37,7 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import Tensor
 
 from fitdqn.market.contract import ContractSpec
-from fitdqn.market.env import NUM_BRANCHES, FuturesEnv, needs_resolving, resolve_reward
+from fitdqn.market.env import NUM_BRANCHES, FuturesEnv, needs_resolving, resolve_reward, sizing_target
 from fitdqn.market.loader import Market, load_market
 
 
@@ -336,7 +336,7 @@ class SplitSizes:
         m = config.market
         return cls(window=config.net.window, episode_length=m.episode_length, max_contracts=m.max_contracts,
                    reward_scale=m.reward_scale, reward=m.reward, risk_penalty=m.risk_penalty,
-                   target_volatility=m.target_volatility, branches=config.net.branches,
+                   target_volatility=sizing_target(m), branches=config.net.branches,
                    segments=config.evaluate.segments)
 
     def layout(self, market: Market, split: str) -> int:

@@ -154,13 +154,20 @@ class RewardScale:
                 f"rewards, {100 * self.outside_n_step:.2f} % of n-step returns{sizing}")
 
 
-def relative_volatility(market: Market, window: int, split: str | Split = "train") -> np.ndarray:
-    """ATR(14) / close of every decision bar of ``split`` ``[N]`` float64 (what volatility sizing reads). Host sync."""
-    s = market.split(split)
-    first = market.first_bar(s, window)
-    atr = market.atr[first:s.stop - 1].double().cpu().numpy()
-    close = market.prices[first:s.stop - 1, 3].double().cpu().numpy()
+def relative_volatility(market: Market, window: int) -> np.ndarray:
+    """ATR(14) / close of every decision bar of the training split ``[N]`` float64 (what volatility sizing reads).
+    Host sync."""
+    train = market.split("train")
+    first = market.first_bar(train, window)
+    atr = market.atr[first:train.stop - 1].double().cpu().numpy()
+    close = market.prices[first:train.stop - 1, 3].double().cpu().numpy()
     return np.maximum(atr, market.contract.tick_size) / close
+
+
+def sizing_target(market_config: MarketConfig) -> float:
+    """The target volatility an env of ``market_config`` sizes by: ``market.target_volatility`` under 'volatility'
+    sizing, 0 (whole contracts) under 'contracts'."""
+    return market_config.target_volatility if market_config.position_sizing == "volatility" else 0.0
 
 
 def position_size(relative: Tensor | np.ndarray, target_volatility: float):
@@ -211,7 +218,7 @@ def derive_reward_scale(market: Market, config) -> RewardScale:
     """The reward scale of ``config`` on ``market`` (``market.reward_scale`` if positive, else derived from the
     training split, module docstring) and where the training split's returns then fall."""
     m, learn, net = config.market, config.learn, config.net
-    raw = full_position_rewards(market, net.window, m.max_contracts, m.reward, m.target_volatility)
+    raw = full_position_rewards(market, net.window, m.max_contracts, m.reward, sizing_target(m))
     horizon = min(m.episode_length, max(learn.n_step, round(3.0 / max(1.0 - learn.gamma, 1e-6))))  # 3 time constants
     full = discounted_returns(raw, learn.gamma, horizon)
     if m.reward_scale > 0:
@@ -225,7 +232,7 @@ def derive_reward_scale(market: Market, config) -> RewardScale:
         return float(np.mean((values < net.v_min) | (values > net.v_max))) if values.size else 0.0
 
     return RewardScale(m.reward, float(scale), source, float(full.std() * scale), outside(raw * scale),
-                       outside(n_step), m.target_volatility)
+                       outside(n_step), sizing_target(m))
 
 
 def needs_resolving(market_config: MarketConfig) -> bool:
@@ -236,16 +243,15 @@ def needs_resolving(market_config: MarketConfig) -> bool:
 
 def resolve_reward(config, market: Market):
     """``config`` with the values it leaves to the data resolved for ``market``: the volatility sizing's target
-    (``market.target_volatility``, when ``market.position_sizing = 'volatility'``: the derived value when it is 0,
-    and 0 under 'contracts') and then ``market.reward_scale`` (the derived value when it is 0), and what the scale
-    does (:class:`RewardScale`)."""
+    (``market.target_volatility`` under ``market.position_sizing = 'volatility'``: the derived value when it is 0)
+    and then ``market.reward_scale`` (the derived value when it is 0), and what the scale does
+    (:class:`RewardScale`)."""
     import dataclasses
 
     m = config.market
-    target = 0.0
-    if m.position_sizing == "volatility":
-        target = m.target_volatility if m.target_volatility > 0 else derive_target_volatility(market, config.net.window)
-    config = dataclasses.replace(config, market=dataclasses.replace(m, target_volatility=target))
+    if m.position_sizing == "volatility" and m.target_volatility <= 0:
+        derived = derive_target_volatility(market, config.net.window)
+        config = dataclasses.replace(config, market=dataclasses.replace(m, target_volatility=derived))
     info = derive_reward_scale(market, config)
     resolved = dataclasses.replace(config, market=dataclasses.replace(config.market, reward_scale=info.scale))
     return resolved, info
@@ -428,7 +434,7 @@ class FuturesEnv:
             sequential=sequential,
             goal_unit=goal_unit,
             risk_penalty=m.risk_penalty,
-            target_volatility=m.target_volatility,
+            target_volatility=sizing_target(m),
         )
 
     # ------------------------------------------------------------------------------------------ contract
