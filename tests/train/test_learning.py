@@ -8,11 +8,11 @@ x 20 epochs = 40,960 env steps, train.sample_reuse 8), seed 0:
   fractions of the run) keeps the validation Sharpe of the network it reports within 20 % of batch 256's.
 
 Why validation and not test for the 20 %: the test Sharpe of one seed moves more than 20 % between seeds at the same
-batch (batch 256, seeds 0 / 1 / 2: 2.14 / 1.94 / 1.13), so a 20 % band on it would be a coin flip; the validation
-Sharpe of the reported network (chosen on validation alone) moves less (3.78 / 3.63 / 2.88). The test figures are
+batch (batch 256, seeds 20-29: 0.76 to 3.02), so a 20 % band on it would be a coin flip; the validation Sharpe of
+the reported network (chosen on validation alone) moves less (2.64 to 4.14). The test figures are
 checked against the baselines at both batches. Why not 16384 here: an update of 16,384 samples through nets that
 learn this edge takes about 2 s on two cores, and the floor's 200 of them would be 7 minutes; the H200 check at
-2048 / 8192 / 16384 with the default nets is in BENCHMARKS.md ("Batch invariance").
+2048 / 8192 / 16384 with the default nets is in BENCHMARKS.md ("Position sizing", the defaults now).
 """
 
 import pytest
@@ -44,8 +44,9 @@ def test_the_default_config_learns_the_planted_edge_and_beats_the_baselines(repo
     report = reports[256]
     assert report["batch_size"] == 256 and report["updates"] == 1280  # the default budget, nothing tuned here
     test = report["test"]
-    # every seed measured clears these (BENCHMARKS.md: test 2.14 / 1.94 / 1.13, momentum 1.86): another thread
-    # count reorders float sums and so moves one seed's run
+    # seed 0 clears these; another thread count reorders float sums and so moves one seed's run. Over CPU seeds
+    # 20-29 the test Sharpe is 0.76 .. 3.02, median 2.03, the momentum rule sized like the agent 2.14 (BENCHMARKS.md,
+    # "Position sizing")
     assert test["agent"]["sharpe"] >= 1.0
     assert test["agent"]["sharpe"] >= 0.5 * test["last_bar_momentum"]["sharpe"]
     beats_the_baselines(test)
