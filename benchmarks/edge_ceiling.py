@@ -8,6 +8,7 @@ baseline (the same env, costs and episodes) on the validation and test splits. N
 scale of what sizing by the edge's strength can add over the sign alone.
 
     PYTHONPATH=src python benchmarks/edge_ceiling.py --out benchmarks/results/synthetic_edge_ceiling.json
+    PYTHONPATH=src python benchmarks/edge_ceiling.py --position-sizing contracts   # the rules in whole contracts
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import json
 
 import torch
 
-from fitdqn.config import SYNTHETIC_DATA, Config, with_overrides
+from fitdqn.config import SYNTHETIC_DATA, Config, MarketConfig, knob_choices, with_overrides
 from fitdqn.evaluate.backtest import BarRule, SplitSizes, evaluate_rules
 from fitdqn.evaluate.baselines import account_size
 from fitdqn.evaluate.metrics import trading_metrics
-from fitdqn.market.env import NUM_BRANCHES
+from fitdqn.market.env import NUM_BRANCHES, resolve_reward
 from fitdqn.market.features import FEATURE_NAMES
 from fitdqn.market.loader import load_market
 from fitdqn.provenance import code_commit
@@ -43,12 +44,15 @@ def sized_momentum(z: torch.Tensor, threshold: float, half: bool, max_contracts:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="JSON results file")
+    parser.add_argument("--position-sizing", choices=knob_choices(MarketConfig, "position_sizing"),
+                        default=Config().market.position_sizing, help="market.position_sizing of the rules' env")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    config = with_overrides(Config(), {"market.data": SYNTHETIC_DATA})
+    config = with_overrides(Config(), {"market.data": SYNTHETIC_DATA, "market.position_sizing": args.position_sizing})
     if config.net.branches[0] != 2 * config.market.max_contracts + 1:
         raise SystemExit("this script assumes one position level per contract (net.branches[0] = 2 x max + 1)")
     market = load_market(config.market, window=config.net.window)
+    config, _ = resolve_reward(config, market)  # the sizing's target, derived as a run derives it
     z = market.features[:, FEATURE_NAMES.index("ret_1")].double()  # [T]
     rules = [sized_momentum(z, c, half, config.market.max_contracts) for c in THRESHOLDS for half in (False, True)]
     sizes = SplitSizes.of_config(config, market)
@@ -63,7 +67,7 @@ def main() -> None:
         print(f"| {name} | {row['validation']:.2f} | {row['test']:.2f} |")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"commit": code_commit(), "rules": rows}, f, indent=1)
+            json.dump({"commit": code_commit(), "position_sizing": args.position_sizing, "rules": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
