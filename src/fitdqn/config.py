@@ -483,15 +483,18 @@ def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config
     return config
 
 
-def load_config(path: str | Path, base: Config | None = None) -> Config:
+def read_toml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file '{path}' not found")
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"config file '{path}' is not valid TOML: {error}") from None
-    return config_from_dict(data, base)
+
+
+def load_config(path: str | Path, base: Config | None = None) -> Config:
+    return config_from_dict(read_toml(path), base)
 
 
 # keys a run directory's config.toml may predate, with the value every run had before the key existed (a run is
@@ -504,15 +507,12 @@ PREDATED_KEYS = {
 def load_run_config(path: str | Path) -> Config:
     """The config a run wrote (``config.toml`` of a run directory): :func:`load_config`, where a key the file
     predates (:data:`PREDATED_KEYS`) takes the value runs had then."""
-    path = Path(path)
-    config = load_config(path)
-    data = tomllib.loads(path.read_text())  # readable: load_config has read it
-    older = {}
+    data = read_toml(path)
     for key, value in PREDATED_KEYS.items():
         section, name = key.split(".")
-        if name not in data.get(section, {}):
-            older[key] = value
-    return with_overrides(config, older) if older else config
+        if isinstance(data.get(section, {}), dict):  # a malformed section: config_from_dict names it
+            data.setdefault(section, {}).setdefault(name, value)
+    return config_from_dict(data)
 
 
 def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:

@@ -154,14 +154,17 @@ class RewardScale:
                 f"rewards, {100 * self.outside_n_step:.2f} % of n-step returns{sizing}")
 
 
-def relative_volatility(market: Market, window: int) -> np.ndarray:
-    """ATR(14) / close of every decision bar of the training split ``[N]`` float64 (what volatility sizing reads).
-    Host sync."""
+def position_size(atr: Tensor, close: Tensor, tick: float, target_volatility: float) -> Tensor:
+    """Volatility sizing: the share of a level's contracts held at bars of ``atr`` and ``close`` (same shape),
+    ``min(1, target_volatility / (ATR / close))`` (ATR at least one tick)."""
+    return (target_volatility * close / atr.clamp(min=tick)).clamp(max=1.0)
+
+
+def training_bars(market: Market, window: int) -> tuple[Tensor, Tensor]:
+    """``atr [N]`` and ``close [N]`` (float64) of the training split's decision bars, close to close."""
     train = market.split("train")
     first = market.first_bar(train, window)
-    atr = market.atr[first:train.stop - 1].double().cpu().numpy()
-    close = market.prices[first:train.stop - 1, 3].double().cpu().numpy()
-    return np.maximum(atr, market.contract.tick_size) / close
+    return market.atr[first:train.stop - 1].double(), market.prices[first:train.stop - 1, 3].double()
 
 
 def sizing_target(market_config: MarketConfig) -> float:
@@ -170,17 +173,16 @@ def sizing_target(market_config: MarketConfig) -> float:
     return market_config.target_volatility if market_config.position_sizing == "volatility" else 0.0
 
 
-def position_size(relative: Tensor | np.ndarray, target_volatility: float):
-    """Volatility sizing: the share of a level's contracts held at ATR/close ``relative``,
-    ``min(1, target_volatility / relative)`` (a tensor or an array, as ``relative``)."""
-    ratio = target_volatility / relative
-    return ratio.clamp(max=1.0) if isinstance(ratio, Tensor) else np.minimum(ratio, 1.0)
+def derives_target(market_config: MarketConfig) -> bool:
+    """Whether the volatility sizing's target is left to the data (:func:`derive_target_volatility`)."""
+    return market_config.position_sizing == "volatility" and market_config.target_volatility <= 0
 
 
 def derive_target_volatility(market: Market, window: int) -> float:
-    """'volatility' sizing's target derived from the data: the median ATR(14) / close of the training split."""
-    relative = relative_volatility(market, window)
-    return float(np.median(relative)) if relative.size else 1.0
+    """'volatility' sizing's target derived from the data: the median ATR(14) / close of the training split.
+    Host sync."""
+    atr, close = training_bars(market, window)
+    return float(np.median((atr.clamp(min=market.contract.tick_size) / close).cpu().numpy()))
 
 
 def full_position_rewards(market: Market, window: int, max_contracts: int, reward: str,
@@ -193,7 +195,8 @@ def full_position_rewards(market: Market, window: int, max_contracts: int, rewar
     close = market.prices[first:train.stop, 3].double().cpu().numpy()
     change = np.diff(close)  # [N] points per contract, decision bar t -> t + 1
     if target_volatility > 0:
-        change = change * position_size(relative_volatility(market, window), target_volatility)
+        atr, close = training_bars(market, window)
+        change = change * position_size(atr, close, market.contract.tick_size, target_volatility).cpu().numpy()
     if reward == "vol":
         atr = market.atr[first:train.stop - 1].double().cpu().numpy()
         per_contract = change / np.maximum(atr, market.contract.tick_size)
@@ -237,8 +240,7 @@ def derive_reward_scale(market: Market, config) -> RewardScale:
 
 def needs_resolving(market_config: MarketConfig) -> bool:
     """Whether ``market_config`` leaves a value to derive from the data (:func:`resolve_reward`)."""
-    return market_config.reward_scale <= 0 or (market_config.position_sizing == "volatility"
-                                               and market_config.target_volatility <= 0)
+    return market_config.reward_scale <= 0 or derives_target(market_config)
 
 
 def resolve_reward(config, market: Market):
@@ -249,7 +251,7 @@ def resolve_reward(config, market: Market):
     import dataclasses
 
     m = config.market
-    if m.position_sizing == "volatility" and m.target_volatility <= 0:
+    if derives_target(m):
         derived = derive_target_volatility(market, config.net.window)
         config = dataclasses.replace(config, market=dataclasses.replace(m, target_volatility=derived))
     info = derive_reward_scale(market, config)
@@ -460,13 +462,12 @@ class FuturesEnv:
         """Device bytes of this env's own tensors (the shared market tensors are not counted)."""
         return env_state_bytes(self.num_envs)
 
-    def target_contracts(self, position_index: Tensor, bar: Tensor) -> Tensor:
-        """Contracts that branch 0's ``position_index [E]`` aims for at the close of ``bar [E]``: the level, x
-        ``min(1, target_volatility / (ATR / close))`` of that bar under volatility sizing."""
+    def target_contracts(self, position_index: Tensor, atr: Tensor, close: Tensor) -> Tensor:
+        """Contracts that branch 0's ``position_index [E]`` aims for at a decision bar of ``atr [E]`` and
+        ``close [E]``: the level, x ``min(1, target_volatility / (ATR / close))`` under volatility sizing."""
         target = self.position_levels[position_index]  # [E]
         if self.target_volatility > 0:  # a Python float fixed at construction: volatility sizing
-            relative = self.atr[bar].clamp(min=self.tick) / self.prices[bar, 3]  # [E] ATR / close
-            target = target * position_size(relative, self.target_volatility)
+            target = target * position_size(atr, close, self.tick, self.target_volatility)
         return target
 
     # ------------------------------------------------------------------------------------------ episodes
@@ -528,7 +529,7 @@ class FuturesEnv:
         step_before = self.episode_step.clone()
 
         held_before = self.position.clone()  # [E] contracts
-        target = self.target_contracts(a[:, 0], b0)  # [E]
+        target = self.target_contracts(a[:, 0], atr0, c0)  # [E] (the decision bar's ATR and close, gathered above)
         k_stop = self.stop_levels[a[:, 1]]
         k_take = self.take_levels[a[:, 2]]
         trade = target - held_before  # contracts bought (+) / sold (-) at the open

@@ -46,6 +46,7 @@ from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile, profile_with_note
 from fitdqn.device.sizes import format_bytes
 from fitdqn.learn.schedule import Schedule
+from fitdqn.market.env import derives_target
 from fitdqn.market.layout import STATE_DIM, env_state_bytes, market_bytes, transition_spec
 from fitdqn.memory.allocator_model import (
     expandable_segments_enabled,
@@ -152,7 +153,7 @@ def stand_in_system(config: Config, num_bars: int, capacity: int, batch_size: in
     market = config.market
     if market.reward_scale <= 0:  # derived from real bars at run time; a host number that moves no byte
         market = dataclasses.replace(market, reward_scale=1.0)
-    if market.position_sizing == "volatility" and market.target_volatility <= 0:  # the same: a host number
+    if derives_target(market):  # the same: a host number
         market = dataclasses.replace(market, target_volatility=STAND_IN_TARGET_VOLATILITY)
     config = dataclasses.replace(config, market=market)
     system = build_system(config, stand_in_market(config, num_bars), device, capacity=capacity,
