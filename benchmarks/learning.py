@@ -84,7 +84,10 @@ def run(args: argparse.Namespace) -> None:
     for split in ("validation", "test"):
         r = report[split]
         result[split] = {"agent": r["agent"]["sharpe"], "buy_and_hold": r["buy_and_hold"]["sharpe"],
-                         "random": r["random"]["sharpe"], "momentum": momentum_sharpe(trainer, split)}
+                         "random": r["random"]["sharpe"], "momentum": momentum_sharpe(trainer, split),
+                         # the report's paired intervals: the agent's Sharpe minus each baseline's, same bars
+                         "agent_minus": {"buy_and_hold": r["agent"].get("sharpe_minus_buy_and_hold"),
+                                         **r["agent"].get("sharpe_minus_rules", {})}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps({k: result[k] for k in ("seed", "seconds", "updates", "batch_size", "test")}))
@@ -112,6 +115,8 @@ def summary(args: argparse.Namespace) -> None:
         for policy in ("agent", "buy_and_hold", "random", "momentum"):
             values = [r[split][policy] for r in runs]
             print(f"| {split} | {policy} | {statistics.median(values):.2f} | {min(values):.2f} .. {max(values):.2f} |")
+    for split in ("validation", "test"):
+        print(split_differences(runs, split))
     times = [r["seconds"] for r in runs]
     print(f"wall-clock seconds per run (whole train call): median {statistics.median(times):.0f}, "
           f"range {min(times):.0f} .. {max(times):.0f}")
@@ -135,6 +140,19 @@ def summary(args: argparse.Namespace) -> None:
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=110)
+
+
+def split_differences(runs: list[dict], split: str, rule: str = "last_bar_momentum") -> str:
+    """The agent minus ``rule`` on ``split`` (the report's paired bootstrap, same bars): the median difference
+    and how many runs' intervals lie above zero, below it, or straddle it."""
+    diffs = [r[split].get("agent_minus", {}).get(rule) for r in runs]
+    diffs = [d for d in diffs if d and d.get("low") is not None]
+    if not diffs:
+        return f"{split}: no agent-minus-{rule} intervals in these runs"
+    above = sum(d["low"] > 0 for d in diffs)
+    below = sum(d["high"] < 0 for d in diffs)
+    return (f"{split}: agent minus {rule}, median {statistics.median(d['estimate'] for d in diffs):+.2f}; "
+            f"intervals above zero {above}, below {below}, straddling {len(diffs) - above - below} of {len(diffs)}")
 
 
 def paired(base: list[dict], variant: list[dict], split: str) -> dict:

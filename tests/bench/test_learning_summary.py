@@ -45,3 +45,14 @@ def test_compare_pairs_by_seed(tmp_path, capsys):
     assert result["base_median"] == 3.0 and result["variant_median"] == 3.5
     learning.main(["compare", "--base", str(tmp_path / "base.json"), "--variant", str(tmp_path / "variant.json")])
     assert "| validation | 3 | 3.00 | 3.50 | +0.333 +- 0.167 | 2 |" in capsys.readouterr().out
+
+
+def test_summary_counts_the_agent_minus_rule_intervals():
+    learning = load_benchmark("learning")
+    runs = [fake_run(seed, 2.0) for seed in range(3)]
+    for run, (estimate, low, high) in zip(runs, [(0.5, 0.1, 0.9), (-0.2, -0.8, 0.4), (-0.6, -1.0, -0.1)],
+                                          strict=True):
+        run["test"]["agent_minus"] = {"last_bar_momentum": {"estimate": estimate, "low": low, "high": high}}
+    assert learning.split_differences(runs, "test") == (
+        "test: agent minus last_bar_momentum, median -0.20; intervals above zero 1, below 1, straddling 1 of 3")
+    assert learning.split_differences(runs, "validation").startswith("validation: no agent-minus")

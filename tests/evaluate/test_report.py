@@ -8,13 +8,14 @@ def interval(estimate, low, high):
     return {"estimate": estimate, "low": low, "high": high, "confidence": 0.95, "samples": 2000, "block_length": 9}
 
 
-def results(agent, diff, hold_sharpe=0.5):
+def results(agent, diff, hold_sharpe=0.5, rule_diff=None):
     base = {"total_return": 0.1, "sortino": 1.0, "max_drawdown": 0.1, "turnover": 0.1, "trades": 3,
             "win_rate": 0.5, "ruined_at": None}
     return {
         "split": "test", "bars": 750, "capital": 1e5, "currency": "USD", "periods_per_year": 252.0,
         "policies": ["agent", "buy_and_hold", "ma_crossover"],
-        "agent": {**base, **agent, "sharpe_minus_buy_and_hold": diff},
+        "agent": {**base, **agent, "sharpe_minus_buy_and_hold": diff,
+                  "sharpe_minus_rules": {"ma_crossover": rule_diff}},
         "buy_and_hold": {**base, "sharpe": hold_sharpe, "sharpe_ci": interval(hold_sharpe, -0.5, 1.5)},
         "ma_crossover": {**base, "sharpe": 0.7, "sharpe_ci": interval(0.7, -0.2, 1.6)},
     }
@@ -45,3 +46,16 @@ def test_a_ruined_account_gets_a_note_not_a_sharpe():
     assert "lost the whole account" in text and "step 412 of 750" in text and "Sharpe is" not in text
     table = "\n".join(metrics_table(r, Config()))
     assert "| agent | 0.100 | - | - |" in table and "note: agent lost the whole account at step 412" in table
+
+
+def test_verdict_and_table_compare_the_agent_with_the_best_rule():
+    r = results({"sharpe": 1.8, "sharpe_ci": interval(1.8, 0.6, 3.0)}, interval(1.3, 0.1, 2.4),
+                rule_diff=interval(1.1, -0.2, 2.3))
+    text = split_verdict(r, Config())
+    assert text.endswith("The best rule baseline, MA 50/200, has Sharpe 0.70; the agent minus it, +1.10 (interval "
+                         "-0.20 .. 2.30), is not distinguishable from MA 50/200.")
+    r["agent"]["sharpe_minus_rules"]["ma_crossover"] = interval(1.1, 0.3, 2.3)
+    assert split_verdict(r, Config()).endswith("is distinguishable from MA 50/200 (above it).")
+    table = "\n".join(metrics_table(r, Config()))
+    assert "agent Sharpe minus buy & hold (2 ct): +1.30, interval 0.10 .. 2.40" in table
+    assert "agent Sharpe minus MA 50/200: +1.10, interval 0.30 .. 2.30" in table

@@ -126,3 +126,17 @@ def test_evaluate_split_keeps_every_baseline_figure(small_config):
     runs = [evaluate_config(random_policy(config.net.branches, 1000 + s, market.device), config, "test",
                             market=market) for s in range(config.train.eval_seeds)]
     np.testing.assert_array_equal(result.pnl["random"], np.mean([r.pnl for r in runs], axis=0))
+    # the agent against every rule on the same bars: the paired bootstrap of the two P&L series
+    from fitdqn.evaluate.bootstrap import bootstrap_sharpe
+    from fitdqn.evaluate.metrics import bar_returns
+
+    e = config.evaluate
+    agent = bar_returns(result.pnl["agent"], capital)
+    differences = result.results["agent"]["sharpe_minus_rules"]
+    assert set(differences) == set(rule_policies(market, config, per_year))
+    for name, diff in differences.items():
+        expected = bootstrap_sharpe(agent, per_year, baseline=bar_returns(result.pnl[name], capital),
+                                    samples=e.bootstrap_samples, block_length=e.block_length,
+                                    confidence=e.confidence, seed=e.bootstrap_seed).to_json()
+        assert diff == expected
+    assert "sharpe_minus_rules" not in result.results["ma_crossover"]

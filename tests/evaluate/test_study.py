@@ -53,6 +53,9 @@ def test_walk_forward_study_end_to_end(small_config, tmp_path, capsys):
     assert summary["bars"] == sum(t[1] - t[0] - 1 for t in (f["test"] for f in layout))
     assert summary["pooled"]["agent"]["sharpe_ci"]["low"] <= summary["pooled"]["agent"]["sharpe"]
     assert "sharpe_minus_buy_and_hold" in summary["pooled"]["agent"]
+    assert set(summary["pooled"]["agent"]["sharpe_minus_rules"]) == {"ma_crossover", "time_series_momentum",
+                                                                     "last_bar_momentum"}
+    assert "The best rule baseline" in summary["verdict"]
     assert summary["verdict"].startswith("Across 2 seeds x 2 walk-forward folds")
     table = (out / "real_bars.md").read_text()
     assert "| synthetic | MA 50/200 |" in table and "| synthetic | last-bar momentum |" in table

@@ -52,22 +52,26 @@ class SplitResult:
         return {name: capital + np.concatenate([[0.0], np.cumsum(p)]) for name, p in self.pnl.items()}
 
 
-def sharpe_intervals(config: Config, pnl: np.ndarray, baseline: np.ndarray | None, capital: float,
-                     per_year: float) -> dict[str, Any]:
-    """``sharpe_ci`` of ``pnl`` and, with ``baseline``, ``sharpe_minus_buy_and_hold``; None for a ruined
-    account (its Sharpe is not defined)."""
+def sharpe_intervals(config: Config, pnl: np.ndarray, capital: float, per_year: float,
+                     baselines: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """``sharpe_ci`` of ``pnl`` and, per policy of ``baselines`` (name -> its P&L on the same bars), the interval
+    of the Sharpe difference (the bars resampled together): ``sharpe_minus_buy_and_hold`` for buy-and-hold,
+    ``sharpe_minus_rules`` (name -> interval) for the others. None for a ruined account (its Sharpe is not
+    defined), on either side of a difference."""
     e = config.evaluate
     options = dict(samples=e.bootstrap_samples, block_length=e.block_length, confidence=e.confidence,
                    seed=e.bootstrap_seed)
     returns = bar_returns(pnl, capital)
-    if len(returns) < len(pnl):
-        return {"sharpe_ci": None} | ({"sharpe_minus_buy_and_hold": None} if baseline is not None else {})
-    out = {"sharpe_ci": bootstrap_sharpe(returns, per_year, **options).to_json()}
-    if baseline is not None:
-        base = bar_returns(baseline, capital)
-        out["sharpe_minus_buy_and_hold"] = (
-            bootstrap_sharpe(returns, per_year, baseline=base, **options).to_json() if len(base) == len(returns)
-            else None)
+    whole = len(returns) == len(pnl)
+    out: dict[str, Any] = {"sharpe_ci": bootstrap_sharpe(returns, per_year, **options).to_json() if whole else None}
+    differences = {}
+    for name, other in (baselines or {}).items():
+        base = bar_returns(other, capital)
+        differences[name] = (bootstrap_sharpe(returns, per_year, baseline=base, **options).to_json()
+                             if whole and len(base) == len(returns) else None)
+    if baselines is not None:
+        out["sharpe_minus_buy_and_hold"] = differences.pop(BUY_AND_HOLD, None)
+        out["sharpe_minus_rules"] = differences
     return out
 
 
@@ -108,9 +112,9 @@ def evaluate_split(learner: Learner, market: Market, config: Config, split: str,
     results["policies"] = list(pnl) + ([RANDOM] if baselines and config.train.eval_seeds > 0 else [])
     for name in pnl:
         results[name] = trading_metrics(pnl[name], positions[name], capital, per_year).to_json()
-        if baselines:
-            results[name] |= sharpe_intervals(config, pnl[name], hold_pnl if name == "agent" else None, capital,
-                                              per_year)
+        if baselines:  # the agent against every other policy on the same bars
+            others = {n: p for n, p in pnl.items() if n != "agent"} if name == "agent" else None
+            results[name] |= sharpe_intervals(config, pnl[name], capital, per_year, others)
     if baselines and config.train.eval_seeds > 0:
         runs = [evaluate_config(random_policy(config.net.branches, 1000 + s, market.device), config, split,
                                 market=market, runner=runner, key=f"random {s}")

@@ -2,7 +2,8 @@
 
 The verdict rests on the bootstrap intervals (:mod:`fitdqn.evaluate.bootstrap`): the agent's edge is
 "distinguishable from zero" when the interval of its Sharpe excludes 0, and "distinguishable from buy-and-hold"
-when the interval of its Sharpe minus buy-and-hold's (the same bars resampled together) excludes 0. Across
+when the interval of its Sharpe minus buy-and-hold's (the same bars resampled together) excludes 0; likewise
+against the best rule baseline (the rule of highest Sharpe on the same bars: the hardest of them to beat). Across
 seeds and folds, the test P&L of the seeds is averaged bar by bar (an equal-weight book of the seeds' agents)
 and the folds' test blocks are joined in time; the intervals are those of that pooled series, with each seed's
 own pooled Sharpe beside it.
@@ -92,8 +93,25 @@ def split_verdict(results: dict[str, Any], config: Config) -> str:
                  f"{fmt_ci(diff)}), is {judge(diff, 'buy-and-hold')}. ")
     rule = best_rule(results)
     if rule:
-        text += f"The best rule baseline, {policy_label(rule[0], config)}, has Sharpe {rule[1]:.2f}."
+        text += rule_sentence(rule, agent.get("sharpe_minus_rules", {}).get(rule[0]), config)
     return text.strip()
+
+
+def rule_sentence(rule: tuple[str, float], diff: dict[str, Any] | None, config: Config) -> str:
+    """The best rule baseline by Sharpe, and whether the agent is distinguishable from it."""
+    label = policy_label(rule[0], config)
+    text = f"The best rule baseline, {label}, has Sharpe {rule[1]:.2f}"
+    if not diff:
+        return text + "."
+    return (f"{text}; the agent minus it, {diff['estimate']:+.2f} (interval {fmt_ci(diff)}), is "
+            f"{judge(diff, label)}.")
+
+
+def difference_lines(agent: dict[str, Any], config: Config, what: str = "agent Sharpe minus") -> list[str]:
+    """One line per baseline the agent was compared with on the same bars: the difference and its interval."""
+    differences = {BUY_AND_HOLD: agent.get("sharpe_minus_buy_and_hold"), **agent.get("sharpe_minus_rules", {})}
+    return [f"{what} {policy_label(name, config)}: {diff['estimate']:+.2f}, interval {fmt_ci(diff)}"
+            for name, diff in differences.items() if diff]
 
 
 def metrics_table(results: dict[str, Any], config: Config) -> list[str]:
@@ -105,9 +123,9 @@ def metrics_table(results: dict[str, Any], config: Config) -> list[str]:
                  fmt(row.get("sortino"), 2), fmt(row.get("max_drawdown")), fmt(row.get("turnover")),
                  fmt(row.get("trades"), 0), fmt(row.get("win_rate"), 2)]
         lines.append(f"| {policy_label(name, config)} | " + " | ".join(cells) + " |")
-    diff = results["agent"].get("sharpe_minus_buy_and_hold")
-    if diff:
-        lines += ["", f"agent Sharpe minus buy-and-hold's: {diff['estimate']:+.2f}, interval {fmt_ci(diff)}"]
+    differences = difference_lines(results["agent"], config)
+    if differences:
+        lines += ["", *(f"{line}  " for line in differences[:-1]), differences[-1]]  # markdown line breaks
     ruined = [n for n in results.get("policies", ()) if results[n].get("ruined_at") is not None]
     for name in ruined:
         lines += ["", f"note: {policy_label(name, config)} lost the whole account at step "
@@ -196,6 +214,13 @@ def study_summary(members: list[dict[str, Any]], config: Config, per_year: float
         if name == "agent" and len(r) == len(hold_returns) > 1:
             entry["sharpe_minus_buy_and_hold"] = bootstrap_sharpe(r, per_year, baseline=hold_returns,
                                                                   **options).to_json()
+            rules = [n for n in POLICIES if n not in ("agent", BUY_AND_HOLD, RANDOM) and n in first[0]["pnl"].columns]
+            entry["sharpe_minus_rules"] = {}
+            for rule in rules:
+                other = pooled_returns(first, rule)
+                entry["sharpe_minus_rules"][rule] = (
+                    bootstrap_sharpe(r, per_year, baseline=other, **options).to_json() if len(other) == len(r)
+                    else None)
         pooled[name] = entry
     sharpes = [p["sharpe"] for p in per_seed if p["sharpe"] is not None]
     per_fold = []
@@ -234,7 +259,10 @@ def study_verdict(summary: dict[str, Any], config: Config) -> str:
     hold = summary["pooled"].get(BUY_AND_HOLD, {}).get("sharpe")
     if diff:
         text += (f"Buy-and-hold's is {fmt(hold, 2)}; the difference, {diff['estimate']:+.2f} (interval "
-                 f"{fmt_ci(diff)}), is {judge(diff, 'buy-and-hold')}.")
+                 f"{fmt_ci(diff)}), is {judge(diff, 'buy-and-hold')}. ")
+    rule = best_rule({"policies": list(summary["pooled"]), **summary["pooled"]})
+    if rule:
+        text += rule_sentence(rule, agent.get("sharpe_minus_rules", {}).get(rule[0]), config)
     return text.strip()
 
 
@@ -252,9 +280,9 @@ def study_markdown(summary: dict[str, Any], config: Config, run_dir: str, contra
     for name, entry in summary["pooled"].items():
         label = "agent (seeds' average book)" if name == "agent" else policy_label(name, config)
         lines.append(f"| {label} | {fmt(entry['sharpe'], 2)} | {fmt_ci(entry['sharpe_ci'])} |")
-    diff = summary["pooled"]["agent"].get("sharpe_minus_buy_and_hold")
-    if diff:
-        lines += ["", f"agent minus buy-and-hold: {diff['estimate']:+.2f}, interval {fmt_ci(diff)}"]
+    differences = difference_lines(summary["pooled"]["agent"], config, "agent minus")
+    if differences:
+        lines += ["", *(f"{line}  " for line in differences[:-1]), differences[-1]]
     lines += ["", "## Seeds", "", "| seed | pooled Sharpe | interval | epochs chosen |", "|---:|---:|---|---|"]
     for p in summary["per_seed"]:
         lines.append(f"| {p['seed']} | {fmt(p['sharpe'], 2)} | {fmt_ci(p['sharpe_ci'])} | "
