@@ -83,6 +83,9 @@ def test_act_reproduces_the_test_backtest(policy, market):
     level = np.asarray(position_levels(policy.config.net.branches[0], policy.config.market.max_contracts))[taken[:n, 0]]
     sized = level * np.minimum(1.0, policy.config.market.target_volatility / relative)
     np.testing.assert_allclose(frame["target"].to_numpy()[:n], sized, rtol=1e-5, atol=1e-6)
+    # what an account can trade: the nearest whole number of contracts
+    whole = frame["target_whole"].to_numpy()
+    assert np.array_equal(whole, np.round(whole)) and (np.abs(whole - frame["target"].to_numpy()) <= 0.5).all()
     assert np.array_equal(frame["timestamp"].to_numpy()[:n], market.bars["timestamp"].to_numpy()[backtest.decision_bar])
     # the held position comes from the env's own mechanics: it is what the backtest held after the step before
     assert np.array_equal(frame["held"].to_numpy()[1:n], backtest.position[:n - 1] * (backtest.exit[:n - 1] != 3))
@@ -266,3 +269,10 @@ def test_best_pt_of_older_versions_keeps_its_network_under_online():
     weights = {"w": torch.ones(2)}
     assert best_network_weights({"online": weights}) is weights
     assert best_network_weights({"network": weights, "online": {}}) is weights
+
+
+def test_whole_contracts_round_halves_away_from_zero():
+    from fitdqn.deploy.act import whole_contracts
+
+    got = whole_contracts(np.array([0.37, 0.5, -0.5, 1.49, -1.5, 2.0, 0.0]))
+    assert got.tolist() == [0.0, 1.0, -1.0, 1.0, -2.0, 2.0, 0.0]

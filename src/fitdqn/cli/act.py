@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
 def decision_text(row) -> str:
     """One decision row in words: target and bracket."""
-    parts = [f"bar {row['timestamp']}: hold {row['target']:+g} contracts (now {row['held']:+g})"]
+    whole = "" if row["target_whole"] == row["target"] else f", {row['target_whole']:+g} in whole contracts"
+    parts = [f"bar {row['timestamp']}: hold {row['target']:+.3g} contracts{whole} (now {row['held']:+.3g})"]
     if row["target"] != 0:
         for name, k, price in (("stop", row["stop_atr"], row["stop_price"]),
                                ("take-profit", row["take_profit_atr"], row["take_profit_price"])):

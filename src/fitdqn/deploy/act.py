@@ -67,7 +67,9 @@ def act_on_bars(policy: RunPolicy, bars: pd.DataFrame, *, start: str | pd.Timest
     ``start`` (default: the first bar after the features' warm-up) to the last bar.
 
     Columns: ``timestamp``, ``close``, ``atr`` (ATR(14), points) of the decision bar; ``held`` (contracts held
-    into the decision), ``target`` (contracts to hold after the next open), ``stop_atr`` / ``take_profit_atr``
+    into the decision), ``target`` (contracts to hold after the next open: fractional under volatility sizing, as
+    the backtests hold them), ``target_whole`` (the nearest whole number of contracts, halves away from zero: what
+    an account can trade), ``stop_atr`` / ``take_profit_atr``
     (ATR multiples, 0 = none), ``stop_price`` / ``take_profit_price`` (empty when none or flat),
     ``bracket_from`` ('next_open' or 'close'), the sub-action indices, and ``pnl`` (net currency of the step,
     filled on the next bar; empty on the last row).
@@ -130,6 +132,7 @@ def act_on_bars(policy: RunPolicy, bars: pd.DataFrame, *, start: str | pd.Timest
         "atr": atr,
         "held": held_np,
         "target": target,
+        "target_whole": whole_contracts(target),
         "stop_atr": k_stop,
         "take_profit_atr": k_take,
         "stop_price": np.where((k_stop > 0) & (side != 0), stop_price, np.nan),
@@ -160,3 +163,8 @@ def act_run(policy: RunPolicy, data: str | Path, *, start: str | None = None,
     """:func:`act_on_bars` on a CSV/Parquet file of bars."""
     bars = read_bars_file(data, date_format=policy.config.market.date_format)
     return act_on_bars(policy, bars, start=start, goal_unit=goal_unit)
+
+
+def whole_contracts(contracts: np.ndarray) -> np.ndarray:
+    """The nearest whole number of contracts, halves away from zero (0.5 -> 1, -1.5 -> -2); float, like ``target``."""
+    return np.sign(contracts) * np.floor(np.abs(contracts) + 0.5) + 0.0  # + 0.0: no -0
