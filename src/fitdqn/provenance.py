@@ -19,3 +19,12 @@ def code_commit() -> str:
     except OSError:
         return "unknown"
     return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
+
+
+def code_record() -> dict[str, str]:
+    """What a run's report records of the code that made it: fitdqn's version and commit, PyTorch's version."""
+    import torch
+
+    from fitdqn import __version__
+
+    return {"fitdqn": __version__, "commit": code_commit(), "torch": torch.__version__}

@@ -47,6 +47,7 @@ def test_walk_forward_study_end_to_end(small_config, tmp_path, capsys):
         assert markdown.splitlines()[2].startswith("**Verdict.** On the test split")
         assert f"Run directory: {run}" in markdown.splitlines()[4] and markdown.rstrip().endswith(str(run))
         assert "Contract: generic" in markdown and "Account: capital" in markdown
+        assert f"Code: fitdqn {report['code']['fitdqn']} (commit {report['code']['commit']})" in markdown
     # the joint report: pooled over folds, every baseline with an interval
     assert set(summary["pooled"]) == {"agent", "buy_and_hold", "ma_crossover", "time_series_momentum",
                                       "last_bar_momentum", "random"}
@@ -56,6 +57,9 @@ def test_walk_forward_study_end_to_end(small_config, tmp_path, capsys):
     assert set(summary["pooled"]["agent"]["sharpe_minus_rules"]) == {"ma_crossover", "time_series_momentum",
                                                                      "last_bar_momentum"}
     assert "The best rule baseline" in summary["verdict"]
+    # which code trained the members: every member's report says, and the study lists each version once
+    assert summary["member_code"] == [json.loads((study_dir / members[0]["dir"] / "report.json").read_text())["code"]]
+    assert set(summary["member_code"][0]) == {"fitdqn", "commit", "torch"}
     assert summary["verdict"].startswith("Across 2 seeds x 2 walk-forward folds")
     table = (out / "real_bars.md").read_text()
     assert "| synthetic | MA 50/200 |" in table and "| synthetic | last-bar momentum |" in table

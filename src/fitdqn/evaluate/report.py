@@ -163,6 +163,9 @@ def run_markdown(report: dict[str, Any], config: Config) -> str:
              f"Training: {report['epochs']} epochs, {report['updates']} updates at batch {report['batch_size']} "
              f"({report['batch_source']}) on {report['device']}; planned memory {report['planned_memory']}.", "",
              selection_line(report["selection"]), ""]
+    code = report.get("code")
+    if code:
+        lines += [f"Code: fitdqn {code['fitdqn']} (commit {code['commit']}), PyTorch {code['torch']}.", ""]
     for split in ("test", "validation"):
         r = report[split]
         lines += [f"## {split}: {r['bars']} bars, {r['first_time']} .. {r['last_time']}", ""]

@@ -47,6 +47,7 @@ from fitdqn.learn.learner import Learner
 from fitdqn.market.env import STATE_DIM
 from fitdqn.market.loader import Market, load_market
 from fitdqn.plan.report import plot_plan, print_plan
+from fitdqn.provenance import code_record
 from fitdqn.train import distributed
 from fitdqn.train.checkpoint import (
     BEST_NETWORK,
@@ -524,7 +525,7 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
         "batch_source": trainer.plan.batch_source, "device": trainer.device_info.name,
         "planned_memory": f"{format_bytes(trainer.plan.planned_bytes)} of "
                           f"{format_bytes(trainer.plan.device.free_bytes or 0)} free",
-        "selection": selection,
+        "selection": selection, "code": code_record(),
     }
     fold = run_dir / "fold.json"  # a walk-forward member (fitdqn.train.study)
     if fold.is_file():

@@ -87,13 +87,14 @@ def run_study(config: Config, run_dir: Path, console: Console | None = None,
             members.append({"seed": s, "fold": fold.index if fold is not None else 0,
                             "dir": str(sub.relative_to(run_dir)),
                             "capital": report["test"]["capital"], "test": report["test"],
-                            "selected_epoch": report["selection"]["epoch"],
+                            "selected_epoch": report["selection"]["epoch"], "code": report.get("code"),
                             "pnl": pd.read_csv(sub / "test_pnl.csv")})
     if seed_indices is not None:
         return None
     summary = study_summary(members, config, bars_per_year(market.bars["timestamp"]))
     summary["verdict"] = study_verdict(summary, config)
     summary["members"] = [{k: m[k] for k in ("seed", "fold", "dir", "selected_epoch")} for m in members]
+    summary["member_code"] = distinct_code(members)
     summary["folds_layout"] = [f.to_json() for f in folds if f is not None]
     atomic_write_text(run_dir / STUDY_NAME, json.dumps(summary["members"], indent=2))
     atomic_write_text(run_dir / "report.json", json.dumps(summary, indent=2))
@@ -101,6 +102,13 @@ def run_study(config: Config, run_dir: Path, console: Console | None = None,
     atomic_write_text(run_dir / "report.md", markdown)
     print_report(console, markdown)
     return summary
+
+
+def distinct_code(members: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The code the members were trained with (``report.json``'s ``code``), each version once: one entry unless a
+    study was continued after a change (members from before reports recorded it are left out)."""
+    seen = {json.dumps(m["code"], sort_keys=True) for m in members if m.get("code")}
+    return [json.loads(code) for code in sorted(seen)]
 
 
 def evaluate_study(run_dir: Path, split: str, device_spec: str, console: Console | None = None,
