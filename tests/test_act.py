@@ -130,6 +130,20 @@ def test_act_command_writes_csv_and_parquet(run_dir, policy, market, tmp_path, c
         assert "latest, to trade at the next open" in out_text and str(out) in out_text
 
 
+def test_act_on_a_built_in_data_set_reads_it_as_training_does(run_dir, policy, market, tmp_path, capsys):
+    """--data synthetic is the run's own synthetic market (its seed and size): the same rows as its bars."""
+    start = str(market.bars["timestamp"].iloc[1100].date())
+    out = tmp_path / "synthetic.csv"
+    assert main(["act", str(run_dir), "--data", "synthetic", "--start", start, "--out", str(out)]) == 0
+    written = pd.read_csv(out)
+    expected = act_on_bars(policy, market.bars, start=start)
+    assert np.array_equal(written[list(ACTION_COLUMNS)].to_numpy(), expected[list(ACTION_COLUMNS)].to_numpy())
+    assert "latest, to trade at the next open" in capsys.readouterr().out
+    assert main(["act", str(run_dir), "--data", "sp501", "--out", str(tmp_path / "x.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "neither a built-in data set (sp500, nasdaq, synthetic) nor a CSV/Parquet file path" in err
+
+
 def test_act_mistakes_are_clear_errors(run_dir, policy, market, tmp_path, capsys):
     bars = tmp_path / "bars.parquet"
     market.bars.to_parquet(bars)

@@ -27,7 +27,9 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
         "position liquidated at each episode's end. The last row is the decision to trade at the next open.",
     )
     act.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train")
-    act.add_argument("--data", required=True, metavar="FILE", help="bars to act on: a CSV or Parquet file")
+    act.add_argument("--data", required=True, metavar="FILE|NAME",
+                     help="bars to act on: a CSV or Parquet file (the columns `fitdqn train` reads), or a built-in "
+                     "data set: sp500, nasdaq, or synthetic (the run's own synthetic market)")
     act.add_argument("--out", metavar="FILE.csv|FILE.parquet",
                      help="where to write the decisions (default: RUN_DIR/actions.csv)")
     act.add_argument("--start", metavar="DATE", help="first bar to decide at (earlier bars warm up the features; "

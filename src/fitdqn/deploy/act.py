@@ -16,6 +16,7 @@ open where it is known, else (the last row) from the last close: ``bracket_from`
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from fitdqn.deploy.policy import RunPolicy
 from fitdqn.errors import UserError
 from fitdqn.evaluate.backtest import run_backtest
 from fitdqn.evaluate.baselines import greedy_policy
-from fitdqn.market.data import read_bars_file
+from fitdqn.market.data import bars_from_config
 from fitdqn.market.env import STOP_ATR, TAKE_PROFIT_ATR, FuturesEnv, sizing_target
 from fitdqn.market.loader import market_from_bars
 
@@ -160,8 +161,9 @@ def write_actions(frame: pd.DataFrame, out: str | Path) -> Path:
 
 def act_run(policy: RunPolicy, data: str | Path, *, start: str | None = None,
             goal_unit: float | None = None) -> pd.DataFrame:
-    """:func:`act_on_bars` on a CSV/Parquet file of bars."""
-    bars = read_bars_file(data, date_format=policy.config.market.date_format)
+    """:func:`act_on_bars` on ``data``: a CSV/Parquet file of bars or a built-in data set (``sp500``, ``nasdaq``,
+    ``synthetic``: the run's own synthetic market), read as ``market.data`` is (``load_bars``)."""
+    bars = bars_from_config(dataclasses.replace(policy.config.market, data=str(data)))
     return act_on_bars(policy, bars, start=start, goal_unit=goal_unit)
 
 
