@@ -141,6 +141,22 @@ def test_bad_boolean_is_a_clear_error(capsys):
     assert "'replay.her': expected bool" in capsys.readouterr().err
 
 
+def test_a_mistyped_option_names_the_one_meant(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--learn.gammma", "0.5", "--gpu", "h100"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "fitdqn plan: error: unrecognized arguments: --learn.gammma 0.5" in err
+    assert "did you mean --learn.gamma?" in err
+    with pytest.raises(SystemExit):
+        main(["plan", "--batchsize=0"])
+    assert "--batchsize: did you mean --batch-size?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["plan", "--zzzzzz"])
+    err = capsys.readouterr().err
+    assert "did you mean" not in err and "`fitdqn plan --help-all` lists every option" in err
+
+
 def test_hyphenated_option_names():
     config = parsed_config("train", "--learn.n-step", "4", "--budget.replay-buffer-vram-fraction", "0.5",
                            "--train.sample-reuse", "2")

@@ -4,6 +4,7 @@ mistake, a file error or a signal into one line and an exit status."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import signal
 import sys
 from importlib import import_module
@@ -50,15 +51,35 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=Version, help="show fitdqn's and torch's versions and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.set_defaults(commands=commands.choices)  # command name -> its parser (for unknown_options)
     named = next((arg for arg in argv or () if not arg.startswith("-")), None)
     for command in (COMMAND_MODULES[named],) if named in COMMAND_MODULES else COMMANDS:
         import_module(f"fitdqn.cli.{command}").add_parser(commands)
     return parser
 
 
+def unknown_options(unknown: list[str], command: argparse.ArgumentParser) -> str:
+    """``unrecognized arguments: ...`` and, for each unknown option close to one of the command's (a typo in a
+    config key), the one it probably meant."""
+    known = [flag for action in command._actions for flag in action.option_strings]  # argparse has no public list
+    hints = []
+    for token in unknown:
+        flag = token.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.8) if flag.startswith("--") else []
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    text = f"unrecognized arguments: {' '.join(unknown)}"
+    listing = "--help-all" if "--help-all" in known else "--help"
+    return text + (f" ({'; '.join(hints)})" if hints else f" (`{command.prog} {listing}` lists every option)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse's own message, with the options that were probably meant
+        command = args.commands[args.command]
+        command.error(unknown_options(unknown, command))
     set_threads(0)  # auto (OMP_NUM_THREADS, else the usable cores); train.threads re-sets it in config_for
     args.argv = argv  # for provenance (fitdqn profile writes it)
     try:
