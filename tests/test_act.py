@@ -216,6 +216,22 @@ def test_exported_cvar_policy_matches_the_quantile_head(policy, market, tmp_path
     assert acting_network(cvar).risk == "cvar"
 
 
+def test_exported_mean_variance_policy_picks_the_learners_actions(policy, market, tmp_path):
+    learn = dataclasses.replace(policy.config.learn, risk="mean_variance", risk_aversion=0.3)
+    config = dataclasses.replace(policy.config, learn=learn)
+    averse = dataclasses.replace(policy, config=config)
+    program, meta = load_exported(export_policy(averse, tmp_path / "mean_variance.pt2"))
+    obs = observations(policy, market)
+    actions, _ = program.module()(obs)
+    learner = policy.learner
+    learner.config, learner.learn_config = config, learn  # the same networks, acting by mean - 0.3 variance
+    try:
+        assert torch.equal(actions, learner.act(obs, torch.zeros(()), network=learner.evaluated))
+    finally:
+        learner.config, learner.learn_config = policy.config, policy.config.learn
+    assert meta["risk"] == "mean_variance" and meta["risk_aversion"] == 0.3
+
+
 def test_export_command(run_dir, tmp_path, capsys):
     out = tmp_path / "deploy" / "policy.pt2"
     assert main(["export", str(run_dir), "--out", str(out)]) == 0

@@ -155,9 +155,10 @@ class LearnConfig:
     iql_expectile: float = knob(0.7, "IQL expectile tau for V(s)", gt=0, lt=1)
     iql_loss_weight: float = knob(1.0, "weight of the IQL expectile loss in the total loss", ge=0)
     iql_in_target: bool = knob(False, "use V(s') from the IQL net in the TD target instead of Q-target")
-    risk: str = knob("neutral", "action selection: 'neutral' (C51 mean) or 'cvar' (IQN CVaR)",
-                     choices=("neutral", "cvar"))
+    risk: str = knob("neutral", "action selection: 'neutral' (C51 mean), 'cvar' (IQN CVaR) or 'mean_variance' "
+                     "(C51 mean - learn.risk_aversion x C51 variance)", choices=("neutral", "cvar", "mean_variance"))
     cvar_alpha: float = knob(0.25, "CVaR level for risk-averse action selection", gt=0, le=1)
+    risk_aversion: float = knob(0.1, "learn.risk = mean_variance: the variance's weight (per unit of return)", ge=0)
     epsilon_start: float = knob(1.0, "epsilon-greedy exploration at the start", ge=0, le=1)
     epsilon_end: float = knob(0.05, "epsilon-greedy exploration after decay", ge=0, le=1)
     epsilon_decay_fraction: float = knob(0.5, "share of the run's env steps over which epsilon decays linearly",

@@ -59,3 +59,20 @@ def test_cvar_is_greedy_on_the_lower_tail_of_iqn():
         expected = net.quantiles(net.features(obs), taus).mean(dim=1).argmax(-1)
     assert torch.equal(got, expected)
     assert torch.all((got >= 0) & (got < 5))
+
+
+def test_mean_variance_is_greedy_on_mean_minus_lambda_variance():
+    obs = observations(300)
+    neutral = make_learner()
+    zero = make_learner(config=small_config(risk="mean_variance", risk_aversion=0.0))
+    assert torch.equal(zero.act(obs, torch.tensor(0.0)), neutral.act(obs, torch.tensor(0.0)))  # lambda 0: the mean
+    learner = make_learner(config=small_config(risk="mean_variance", risk_aversion=0.7))
+    net = learner.online
+    with torch.no_grad():  # by hand, in float64: E[Z] - 0.7 Var[Z] of each sub-action's C51 distribution
+        probs = torch.softmax(net.c51_logits(net.features(obs)).double(), dim=-1)
+        z = net.support.double()
+        mean = (probs * z).sum(-1)
+        score = mean - 0.7 * ((probs * (z - mean.unsqueeze(-1)) ** 2).sum(-1))
+    got = learner.act(obs, torch.tensor(0.0))
+    assert torch.equal(got, score.argmax(-1))
+    assert not torch.equal(got, neutral.act(obs, torch.tensor(0.0)))  # the variance moved some choices

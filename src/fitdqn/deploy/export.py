@@ -6,7 +6,8 @@ q [B, 3, n] float32)``: the sub-action index per branch and the value it was cho
 PyTorch kernels in fp32 (no Triton, no autocast), so it loads anywhere ``torch.export.load`` does, without
 fitdqn. ``learn.risk = 'neutral'`` picks the best C51 mean, as the learner does; ``'cvar'`` averages the IQN
 quantiles at ``net.iqn_act_quantiles`` evenly spaced levels in ``(0, learn.cvar_alpha)`` (the learner samples
-those levels at random: the same CVaR, without the noise). The metadata (``fitdqn.json`` in the archive) says how
+those levels at random: the same CVaR, without the noise); ``'mean_variance'`` picks the best C51 mean minus
+``learn.risk_aversion`` x C51 variance, as the learner does. The metadata (``fitdqn.json`` in the archive) says how
 to read the actions: target positions in contracts, stop and take-profit ATR multiples, the observation layout.
 """
 
@@ -33,10 +34,12 @@ METADATA_NAME = "fitdqn.json"
 class ActingNetwork(nn.Module):
     """``obs [B, W, S] -> (actions [B, branches] int64, q [B, branches, max_n] fp32)``, greedy, no exploration."""
 
-    def __init__(self, net: QNetwork, risk: str, cvar_alpha: float, quantiles: int) -> None:
+    def __init__(self, net: QNetwork, risk: str, cvar_alpha: float, quantiles: int, risk_aversion: float = 0.0
+                 ) -> None:
         super().__init__()
         self.net = net
         self.risk = risk
+        self.risk_aversion = risk_aversion
         levels = cvar_alpha * (torch.arange(quantiles, dtype=torch.float32) + 0.5) / quantiles  # [K]
         self.register_buffer("taus", levels, persistent=False)
 
@@ -48,6 +51,10 @@ class ActingNetwork(nn.Module):
             if not self.net.uniform:
                 values = values[..., self.net.pad_index]
             q = values.view(*values.shape[:-1], len(self.net.branches), self.net.max_n).mean(1)  # [B, br, n]
+        elif self.risk == "mean_variance":
+            probs = torch.softmax(self.net.c51_logits(features).float(), dim=-1)  # [B, br, n, atoms]
+            mean = (probs * self.net.support).sum(-1)  # [B, br, n]
+            q = mean - self.risk_aversion * ((probs * self.net.support.square()).sum(-1) - mean.square())
         else:
             q = self.net.q_values(self.net.c51_logits(features))  # [B, br, n]
         return self.net.greedy(q), q
@@ -60,7 +67,7 @@ def acting_network(policy: RunPolicy) -> ActingNetwork:
     net = QNetwork(config.net, policy.learner.state_dim, fused=False)
     net.load_state_dict({k: v.detach().float().cpu() for k, v in policy.learner.evaluated.state_dict().items()})
     learn = config.learn
-    return ActingNetwork(net, learn.risk, learn.cvar_alpha, config.net.iqn_act_quantiles).eval()
+    return ActingNetwork(net, learn.risk, learn.cvar_alpha, config.net.iqn_act_quantiles, learn.risk_aversion).eval()
 
 
 def metadata(policy: RunPolicy) -> dict[str, Any]:
@@ -87,6 +94,7 @@ def metadata(policy: RunPolicy) -> dict[str, Any]:
                           if sizing_target(config.market) > 0 else "target_contracts[i]"),
         },
         "risk": config.learn.risk,
+        "risk_aversion": config.learn.risk_aversion if config.learn.risk == "mean_variance" else None,
         "contract": dataclasses.asdict(policy.contract) if dataclasses.is_dataclass(policy.contract) else None,
         "config": {"net": dataclasses.asdict(config.net), "market": dataclasses.asdict(config.market)},
     }

@@ -21,6 +21,7 @@ def select_actions(
     cvar_alpha: float,
     quantiles: int,
     generator: torch.Generator | None = None,
+    risk_aversion: float = 0.0,
 ) -> torch.Tensor:
     """``obs [E, W, S]``, ``epsilon`` float tensor (0-dim or ``[E]``) -> actions ``[E, branches]`` int64."""
     envs = obs.shape[0]
@@ -32,8 +33,15 @@ def select_actions(
         # CVaR_alpha = mean of the quantile function over levels in [0, alpha]: sample K levels there.
         taus = cvar_alpha * torch.rand(envs, quantiles, device=obs.device, generator=generator)  # [E, K]
         q = net.quantiles(features, taus).mean(dim=1)  # [E, branches, max_n]
+    elif risk == "mean_variance":
+        # mean - lambda variance of each sub-action's C51 distribution: the score is quadratic in the position
+        # (its variance grows with its square), so the best position grows with the expected return
+        probs = torch.softmax(net.c51_logits(features).float(), dim=-1)  # [E, branches, max_n, atoms]
+        mean = (probs * net.support).sum(-1)  # [E, branches, max_n]
+        variance = (probs * net.support.square()).sum(-1) - mean.square()  # [E, branches, max_n]
+        q = mean - risk_aversion * variance
     else:
-        raise ValueError(f"learn.risk must be 'neutral' or 'cvar', got {risk!r}")
+        raise ValueError(f"learn.risk must be 'neutral', 'cvar' or 'mean_variance', got {risk!r}")
     greedy = net.greedy(q)  # [E, branches]
     coins = torch.rand(envs, branches, device=obs.device, generator=generator)  # [E, branches]
     uniform = torch.rand(envs, branches, device=obs.device, generator=generator)  # [E, branches]
