@@ -1,4 +1,4 @@
-"""Action selection: valid indices, epsilon = 1 uniform, epsilon = 0 greedy (C51 mean or IQN CVaR)."""
+"""Action selection: valid indices, epsilon = 1 uniform, epsilon = 0 greedy (C51 mean, IQN CVaR, mean - variance)."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ def test_tuple_choices_are_sampled_as_text_and_apply():
     ({"learn.n_step": {"low": 1.5, "high": 4}}, r"expected int"),
     ({"learn.n_step": {"choices": []}}, r"non-empty list"),
     ({"learn.risk": {"choices": ["neutral", "greedy"]}}, r"'learn.risk' = 'greedy' makes an invalid config.*"
-                                                          r"'neutral' or 'cvar'"),
+                                                          r"'neutral', 'cvar' or 'mean_variance'"),
     ({"replay.alpha": {"low": 0.5, "high": 2.0}}, r"replay.alpha must be in \[0, 1\]"),
     ({}, r"\[search\] is empty"),
 ])

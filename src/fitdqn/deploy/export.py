@@ -34,8 +34,7 @@ METADATA_NAME = "fitdqn.json"
 class ActingNetwork(nn.Module):
     """``obs [B, W, S] -> (actions [B, branches] int64, q [B, branches, max_n] fp32)``, greedy, no exploration."""
 
-    def __init__(self, net: QNetwork, risk: str, cvar_alpha: float, quantiles: int, risk_aversion: float = 0.0
-                 ) -> None:
+    def __init__(self, net: QNetwork, risk: str, cvar_alpha: float, risk_aversion: float, quantiles: int) -> None:
         super().__init__()
         self.net = net
         self.risk = risk
@@ -67,7 +66,7 @@ def acting_network(policy: RunPolicy) -> ActingNetwork:
     net = QNetwork(config.net, policy.learner.state_dim, fused=False)
     net.load_state_dict({k: v.detach().float().cpu() for k, v in policy.learner.evaluated.state_dict().items()})
     learn = config.learn
-    return ActingNetwork(net, learn.risk, learn.cvar_alpha, config.net.iqn_act_quantiles, learn.risk_aversion).eval()
+    return ActingNetwork(net, learn.risk, learn.cvar_alpha, learn.risk_aversion, config.net.iqn_act_quantiles).eval()
 
 
 def metadata(policy: RunPolicy) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Action selection: greedy on C51 means (risk-neutral) or IQN CVaR (risk-averse), epsilon-greedy per branch.
+"""Action selection: greedy on C51 means (risk-neutral), IQN CVaR or C51 mean - lambda variance (risk-averse),
+epsilon-greedy per branch.
 
 All tensor ops: epsilon is a device tensor, exploration is a per-env, per-branch coin flip, so a collector
 step that calls this can be captured in a CUDA graph. A custom ``generator`` must be registered with the
@@ -19,9 +20,9 @@ def select_actions(
     epsilon: torch.Tensor,
     risk: str,
     cvar_alpha: float,
+    risk_aversion: float,
     quantiles: int,
     generator: torch.Generator | None = None,
-    risk_aversion: float = 0.0,
 ) -> torch.Tensor:
     """``obs [E, W, S]``, ``epsilon`` float tensor (0-dim or ``[E]``) -> actions ``[E, branches]`` int64."""
     envs = obs.shape[0]

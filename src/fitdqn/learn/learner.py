@@ -209,7 +209,7 @@ class Learner:
         cfg = self.learn_config
         with autocast(self.device, self.autocast_dtype):
             return select_actions(network if network is not None else self.online, obs, epsilon, cfg.risk,
-                                  cfg.cvar_alpha, self.net_config.iqn_act_quantiles, generator, cfg.risk_aversion)
+                                  cfg.cvar_alpha, cfg.risk_aversion, self.net_config.iqn_act_quantiles, generator)
 
     # ------------------------------------------------------------------ state
 
