@@ -51,9 +51,7 @@ class ActingNetwork(nn.Module):
                 values = values[..., self.net.pad_index]
             q = values.view(*values.shape[:-1], len(self.net.branches), self.net.max_n).mean(1)  # [B, br, n]
         elif self.risk == "mean_variance":
-            probs = torch.softmax(self.net.c51_logits(features).float(), dim=-1)  # [B, br, n, atoms]
-            mean = (probs * self.net.support).sum(-1)  # [B, br, n]
-            q = mean - self.risk_aversion * ((probs * self.net.support.square()).sum(-1) - mean.square())
+            q = self.net.mean_minus_variance(self.net.c51_logits(features), self.risk_aversion)  # [B, br, n]
         else:
             q = self.net.q_values(self.net.c51_logits(features))  # [B, br, n]
         return self.net.greedy(q), q

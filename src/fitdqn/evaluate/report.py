@@ -108,10 +108,12 @@ def rule_sentence(rule: tuple[str, float], diff: dict[str, Any] | None, config: 
 
 
 def difference_lines(agent: dict[str, Any], config: Config, what: str = "agent Sharpe minus") -> list[str]:
-    """One line per baseline the agent was compared with on the same bars: the difference and its interval."""
+    """A markdown paragraph (after a blank line) with one line per baseline the agent was compared with on the same
+    bars: the difference and its interval; nothing when there are none."""
     differences = {BUY_AND_HOLD: agent.get("sharpe_minus_buy_and_hold"), **agent.get("sharpe_minus_rules", {})}
-    return [f"{what} {policy_label(name, config)}: {diff['estimate']:+.2f}, interval {fmt_ci(diff)}"
-            for name, diff in differences.items() if diff]
+    lines = [f"{what} {policy_label(name, config)}: {diff['estimate']:+.2f}, interval {fmt_ci(diff)}"
+             for name, diff in differences.items() if diff]
+    return ["", *(f"{line}  " for line in lines[:-1]), lines[-1]] if lines else []  # "  ": a markdown line break
 
 
 def metrics_table(results: dict[str, Any], config: Config) -> list[str]:
@@ -123,9 +125,7 @@ def metrics_table(results: dict[str, Any], config: Config) -> list[str]:
                  fmt(row.get("sortino"), 2), fmt(row.get("max_drawdown")), fmt(row.get("turnover")),
                  fmt(row.get("trades"), 0), fmt(row.get("win_rate"), 2)]
         lines.append(f"| {policy_label(name, config)} | " + " | ".join(cells) + " |")
-    differences = difference_lines(results["agent"], config)
-    if differences:
-        lines += ["", *(f"{line}  " for line in differences[:-1]), differences[-1]]  # markdown line breaks
+    lines += difference_lines(results["agent"], config)
     ruined = [n for n in results.get("policies", ()) if results[n].get("ruined_at") is not None]
     for name in ruined:
         lines += ["", f"note: {policy_label(name, config)} lost the whole account at step "
@@ -283,9 +283,7 @@ def study_markdown(summary: dict[str, Any], config: Config, run_dir: str, contra
     for name, entry in summary["pooled"].items():
         label = "agent (seeds' average book)" if name == "agent" else policy_label(name, config)
         lines.append(f"| {label} | {fmt(entry['sharpe'], 2)} | {fmt_ci(entry['sharpe_ci'])} |")
-    differences = difference_lines(summary["pooled"]["agent"], config, "agent minus")
-    if differences:
-        lines += ["", *(f"{line}  " for line in differences[:-1]), differences[-1]]
+    lines += difference_lines(summary["pooled"]["agent"], config, "agent minus")
     lines += ["", "## Seeds", "", "| seed | pooled Sharpe | interval | epochs chosen |", "|---:|---:|---|---|"]
     for p in summary["per_seed"]:
         lines.append(f"| {p['seed']} | {fmt(p['sharpe'], 2)} | {fmt_ci(p['sharpe_ci'])} | "

@@ -37,10 +37,7 @@ def select_actions(
     elif risk == "mean_variance":
         # mean - lambda variance of each sub-action's C51 distribution: the score is quadratic in the position
         # (its variance grows with its square), so the best position grows with the expected return
-        probs = torch.softmax(net.c51_logits(features).float(), dim=-1)  # [E, branches, max_n, atoms]
-        mean = (probs * net.support).sum(-1)  # [E, branches, max_n]
-        variance = (probs * net.support.square()).sum(-1) - mean.square()  # [E, branches, max_n]
-        q = mean - risk_aversion * variance
+        q = net.mean_minus_variance(net.c51_logits(features), risk_aversion)  # [E, branches, max_n]
     else:
         raise ValueError(f"learn.risk must be 'neutral', 'cvar' or 'mean_variance', got {risk!r}")
     greedy = net.greedy(q)  # [E, branches]

@@ -60,6 +60,12 @@ class QNetwork(nn.Module):
         """C51 means ``[..., atoms] -> [...]`` on the support, in fp32."""
         return (torch.softmax(logits.float(), dim=-1) * self.support).sum(-1)  # not a matmul: stays fp32
 
+    def mean_minus_variance(self, logits: torch.Tensor, risk_aversion: float) -> torch.Tensor:
+        """C51 mean - ``risk_aversion`` x C51 variance ``[..., atoms] -> [...]`` on the support, in fp32."""
+        probs = torch.softmax(logits.float(), dim=-1)  # [..., atoms]
+        mean = (probs * self.support).sum(-1)  # [...]
+        return mean - risk_aversion * ((probs * self.support.square()).sum(-1) - mean.square())
+
     def quantiles(self, features: torch.Tensor, taus: torch.Tensor) -> torch.Tensor:
         """``features [B, d]``, ``taus [B, N] -> [B, N, branches, max_n]`` IQN quantile values (fp32)."""
         values = self.iqn(features, taus)  # [B, N, sum(branches)]
