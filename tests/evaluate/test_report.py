@@ -59,3 +59,32 @@ def test_verdict_and_table_compare_the_agent_with_the_best_rule():
     table = "\n".join(metrics_table(r, Config()))
     assert "agent Sharpe minus buy & hold (2 ct): +1.30, interval 0.10 .. 2.40" in table
     assert "agent Sharpe minus MA 50/200: +1.10, interval 0.30 .. 2.30" in table
+
+
+def test_sharpe_intervals_pair_the_agent_with_each_baseline_and_none_when_ruined():
+    import dataclasses
+
+    import numpy as np
+
+    from fitdqn.evaluate.bootstrap import bootstrap_sharpe
+    from fitdqn.evaluate.compare import sharpe_intervals
+    from fitdqn.evaluate.metrics import bar_returns
+
+    config = Config()
+    config = dataclasses.replace(config, evaluate=dataclasses.replace(config.evaluate, bootstrap_samples=100))
+    rng = np.random.default_rng(0)
+    agent, hold, rule = (rng.normal(50, 500, 300) for _ in range(3))
+    got = sharpe_intervals(config, agent, 1e5, 252.0, {"buy_and_hold": hold, "ma_crossover": rule})
+    e = config.evaluate
+    options = dict(samples=e.bootstrap_samples, block_length=e.block_length, confidence=e.confidence,
+                   seed=e.bootstrap_seed)
+    def paired(other):
+        return bootstrap_sharpe(bar_returns(agent, 1e5), 252.0, baseline=bar_returns(other, 1e5), **options).to_json()
+
+    assert got["sharpe_minus_rules"] == {"ma_crossover": paired(rule)}
+    assert got["sharpe_minus_buy_and_hold"] == paired(hold)
+    ruined = agent.copy()
+    ruined[100] = -2e5  # equity below zero at bar 100: no Sharpe, no difference
+    got = sharpe_intervals(config, ruined, 1e5, 252.0, {"buy_and_hold": hold, "ma_crossover": rule})
+    assert got == {"sharpe_ci": None, "sharpe_minus_buy_and_hold": None, "sharpe_minus_rules": {"ma_crossover": None}}
+    assert "sharpe_minus_rules" not in sharpe_intervals(config, hold, 1e5, 252.0)

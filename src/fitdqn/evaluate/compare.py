@@ -52,26 +52,34 @@ class SplitResult:
         return {name: capital + np.concatenate([[0.0], np.cumsum(p)]) for name, p in self.pnl.items()}
 
 
+def bootstrap_options(config: Config) -> dict[str, Any]:
+    """``bootstrap_sharpe``'s options from ``evaluate.*``."""
+    e = config.evaluate
+    return dict(samples=e.bootstrap_samples, block_length=e.block_length, confidence=e.confidence,
+                seed=e.bootstrap_seed)
+
+
+def sharpe_differences(returns: np.ndarray, others: dict[str, np.ndarray | None], per_year: float,
+                       options: dict[str, Any]) -> dict[str, Any]:
+    """The agent's Sharpe minus each other policy's on the same bars (resampled together), from per-bar returns:
+    ``sharpe_minus_buy_and_hold`` and ``sharpe_minus_rules`` (name -> interval); None for a series given as None
+    or of another length (a ruined account's returns stop early)."""
+    differences = {name: bootstrap_sharpe(returns, per_year, baseline=other, **options).to_json()
+                   if other is not None and len(other) == len(returns) else None for name, other in others.items()}
+    return {"sharpe_minus_buy_and_hold": differences.pop(BUY_AND_HOLD, None), "sharpe_minus_rules": differences}
+
+
 def sharpe_intervals(config: Config, pnl: np.ndarray, capital: float, per_year: float,
                      baselines: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-    """``sharpe_ci`` of ``pnl`` and, per policy of ``baselines`` (name -> its P&L on the same bars), the interval
-    of the Sharpe difference (the bars resampled together): ``sharpe_minus_buy_and_hold`` for buy-and-hold,
-    ``sharpe_minus_rules`` (name -> interval) for the others. None for a ruined account (its Sharpe is not
-    defined), on either side of a difference."""
-    e = config.evaluate
-    options = dict(samples=e.bootstrap_samples, block_length=e.block_length, confidence=e.confidence,
-                   seed=e.bootstrap_seed)
+    """``sharpe_ci`` of ``pnl`` and, with ``baselines`` (name -> its P&L on the same bars), ``sharpe_differences``.
+    None for a ruined account (its Sharpe is not defined), on either side of a difference."""
+    options = bootstrap_options(config)
     returns = bar_returns(pnl, capital)
     whole = len(returns) == len(pnl)
     out: dict[str, Any] = {"sharpe_ci": bootstrap_sharpe(returns, per_year, **options).to_json() if whole else None}
-    differences = {}
-    for name, other in (baselines or {}).items():
-        base = bar_returns(other, capital)
-        differences[name] = (bootstrap_sharpe(returns, per_year, baseline=base, **options).to_json()
-                             if whole and len(base) == len(returns) else None)
-    if baselines is not None:
-        out["sharpe_minus_buy_and_hold"] = differences.pop(BUY_AND_HOLD, None)
-        out["sharpe_minus_rules"] = differences
+    if baselines is not None:  # a ruined agent has no Sharpe, so no difference either (None)
+        others = {name: bar_returns(other, capital) if whole else None for name, other in baselines.items()}
+        out |= sharpe_differences(returns, others, per_year, options)
     return out
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from fitdqn.config import Config
 from fitdqn.evaluate.bootstrap import bootstrap_sharpe
-from fitdqn.evaluate.compare import BUY_AND_HOLD, POLICIES, RANDOM
+from fitdqn.evaluate.compare import BUY_AND_HOLD, POLICIES, RANDOM, bootstrap_options, sharpe_differences
 from fitdqn.evaluate.metrics import bar_returns, sharpe_ratio
 from fitdqn.market.contract import ContractSpec
 
@@ -189,9 +189,7 @@ def pooled_returns(members: list[dict[str, Any]], policy: str) -> np.ndarray:
 def study_summary(members: list[dict[str, Any]], config: Config, per_year: float) -> dict[str, Any]:
     """Aggregate a study: ``members`` = one dict per (seed, fold) run with ``seed``, ``fold``, ``capital``,
     ``pnl`` (the run's test P&L frame: a column per policy), ``selected_epoch`` and ``test`` (its results)."""
-    e = config.evaluate
-    options = dict(samples=e.bootstrap_samples, block_length=e.block_length, confidence=e.confidence,
-                   seed=e.bootstrap_seed)
+    options = bootstrap_options(config)
     seeds = sorted({m["seed"] for m in members})
     folds = sorted({m["fold"] for m in members})
     by_seed = {s: [m for m in members if m["seed"] == s] for s in seeds}
@@ -214,16 +212,9 @@ def study_summary(members: list[dict[str, Any]], config: Config, per_year: float
         r = book_returns if name == "agent" else pooled_returns(first, name)
         entry = {"sharpe": _finite(sharpe_ratio(r, per_year)),
                  "sharpe_ci": bootstrap_sharpe(r, per_year, **options).to_json() if len(r) > 1 else None}
-        if name == "agent" and len(r) == len(hold_returns) > 1:
-            entry["sharpe_minus_buy_and_hold"] = bootstrap_sharpe(r, per_year, baseline=hold_returns,
-                                                                  **options).to_json()
-            rules = [n for n in POLICIES if n not in ("agent", BUY_AND_HOLD, RANDOM) and n in first[0]["pnl"].columns]
-            entry["sharpe_minus_rules"] = {}
-            for rule in rules:
-                other = pooled_returns(first, rule)
-                entry["sharpe_minus_rules"][rule] = (
-                    bootstrap_sharpe(r, per_year, baseline=other, **options).to_json() if len(other) == len(r)
-                    else None)
+        if name == "agent" and len(r) == len(hold_returns) > 1:  # against buy-and-hold and the rules
+            others = [n for n in POLICIES if n not in ("agent", RANDOM) and n in first[0]["pnl"].columns]
+            entry |= sharpe_differences(r, {n: pooled_returns(first, n) for n in others}, per_year, options)
         pooled[name] = entry
     sharpes = [p["sharpe"] for p in per_seed if p["sharpe"] is not None]
     per_fold = []
