@@ -8,7 +8,9 @@
     python benchmarks/learning.py compare --base results/cpu_default_s*.json --variant results/cpu_x_s*.json
 
 Each run records the test and validation Sharpe of the agent, buy-and-hold, a random policy and the last-bar
-momentum rule (position = max_contracts x sign of the decision bar's return, no stop or take-profit), the
+momentum rule (the report's: the largest position in the direction of the decision bar's return, sized as the
+agent's positions are, no stop or take-profit; under `momentum`), the report's intervals of the agent's Sharpe
+minus each baseline's, the
 wall-clock seconds of the whole `train` call (plan, allocation, training and the backtests), the updates and
 samples it made, and its learning curve: validation Sharpe against the seconds trained so far.
 """
@@ -23,52 +25,23 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 from rich.console import Console
 
 from fitdqn.config import Config, with_overrides
-from fitdqn.evaluate.backtest import evaluate_config
-from fitdqn.evaluate.baselines import account_size
-from fitdqn.evaluate.metrics import trading_metrics
-from fitdqn.market.data import bars_per_year
-from fitdqn.market.features import FEATURE_NAMES
 from fitdqn.provenance import code_commit
 from fitdqn.train.logs import read_jsonl
 from fitdqn.train.run import train
-
-RET_1 = FEATURE_NAMES.index("ret_1")
-
-
-def momentum_policy(levels: int):
-    """Full long after an up bar, full short after a down bar (index 0 = -max, levels - 1 = +max)."""
-
-    def act(obs: torch.Tensor) -> torch.Tensor:  # obs [E, W, S] -> [E, 3]
-        ret = obs[:, -1, RET_1]  # [E] the decision bar's return in units of its volatility
-        position = torch.where(ret > 0, levels - 1, torch.where(ret < 0, 0, (levels - 1) // 2))
-        return torch.stack([position, torch.zeros_like(position), torch.zeros_like(position)], dim=1)
-
-    return act
-
-
-def momentum_sharpe(trainer, split: str) -> float:
-    config, market = trainer.config, trainer.market_on_device
-    backtest = evaluate_config(momentum_policy(config.net.branches[0]), config, split, market=market)
-    capital = account_size(market, config, split)
-    metrics = trading_metrics(backtest.pnl, backtest.position, capital, bars_per_year(market.bars["timestamp"]))
-    return metrics.sharpe
 
 
 def run(args: argparse.Namespace) -> None:
     overrides = dict(item.split("=", 1) for item in args.set)
     config = with_overrides(Config(), {"market.data": "synthetic", "train.seed": args.seed, **overrides})
-    kept = {}
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         start, cpu_start = time.perf_counter(), time.process_time()
-        report = train(config, run_dir, console=Console(quiet=True), trainer_hook=lambda t: kept.setdefault("t", t))
+        report = train(config, run_dir, console=Console(quiet=True))
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         epochs = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"]
-    trainer = kept["t"]
     elapsed, curve = 0.0, []
     for record in epochs:
         elapsed += record["seconds"]
@@ -84,7 +57,7 @@ def run(args: argparse.Namespace) -> None:
     for split in ("validation", "test"):
         r = report[split]
         result[split] = {"agent": r["agent"]["sharpe"], "buy_and_hold": r["buy_and_hold"]["sharpe"],
-                         "random": r["random"]["sharpe"], "momentum": momentum_sharpe(trainer, split),
+                         "random": r["random"]["sharpe"], "momentum": r["last_bar_momentum"]["sharpe"],
                          # the report's paired intervals: the agent's Sharpe minus each baseline's, same bars
                          "agent_minus": {"buy_and_hold": r["agent"].get("sharpe_minus_buy_and_hold"),
                                          **r["agent"].get("sharpe_minus_rules", {})}}
