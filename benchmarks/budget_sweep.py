@@ -334,7 +334,8 @@ def child_main(args: argparse.Namespace) -> int:
 def run_child(gib: float, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         result = Path(folder) / "card.json"
-        command = [sys.executable, __file__, "--child", str(gib), "--result", str(result),
+        # -X faulthandler: a child killed by a signal (a crash in native code) prints its Python stack to stderr
+        command = [sys.executable, "-X", "faulthandler", __file__, "--child", str(gib), "--result", str(result),
                    "--epochs", str(args.epochs), "--emulation", args.emulation]
         for item in args.set:
             command += ["--set", item]
