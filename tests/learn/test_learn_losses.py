@@ -6,7 +6,7 @@ import pytest
 import torch
 from support.projection_reference import project_loop
 
-from fitdqn.learn.losses import categorical_projection, expectile_loss, quantile_huber_loss
+from fitdqn.learn.losses import categorical_projection, expectile_loss, quantile_huber_loss, weighted_losses
 
 
 def test_projection_matches_per_sample_loop_on_random_inputs():
@@ -107,3 +107,51 @@ def test_expectile_loss():
     diff = torch.tensor([-2.0, -0.5, 0.0, 0.5, 2.0])
     got = expectile_loss(diff, 0.7)
     torch.testing.assert_close(got, torch.tensor([0.3 * 4, 0.3 * 0.25, 0.0, 0.7 * 0.25, 0.7 * 4]))
+
+
+def reference_losses(c51_target, log_probs, iqn, v, v_target, weight, loss_weights, expectile):
+    """The weighted loss as autograd's plain lines (the learner's before ``weighted_losses``)."""
+    cross_entropy = -(c51_target * log_probs).sum(-1)  # [B, br]
+    c51 = cross_entropy.mean(-1)  # [B]
+    iql = expectile_loss(v_target - v, expectile)  # [B]
+    means = torch.stack([(weight * c51).mean(), (weight * iqn).mean(), (weight * iql).mean()])  # [3]
+    return (means * loss_weights).sum(), means, c51
+
+
+@pytest.mark.parametrize("v_dtype", [torch.float32, torch.bfloat16])
+def test_weighted_losses_equal_autograds_lines_and_their_gradients(v_dtype):
+    generator = torch.Generator().manual_seed(0)
+    batch, branches, atoms = 64, 3, 11
+    c51_target = torch.softmax(torch.randn(batch, branches, atoms, generator=generator), -1)  # [B, br, A]
+    logits = torch.randn(batch, branches, atoms, generator=generator)
+    iqn = torch.rand(batch, generator=generator)  # [B]
+    v = torch.randn(batch, generator=generator).to(v_dtype)  # [B]
+    v_target = torch.randn(batch, generator=generator)  # [B]: both signs of the difference
+    weight = torch.rand(batch, generator=generator) + 0.1  # [B]
+    loss_weights = torch.tensor([1.0, 0.5, 2.0])
+    runs = []
+    for losses in (weighted_losses, reference_losses):
+        inputs = [logits.clone().requires_grad_(), iqn.clone().requires_grad_(), v.clone().requires_grad_()]
+        log_probs = torch.log_softmax(inputs[0], -1)
+        loss, means, priorities = losses(c51_target, log_probs, inputs[1], inputs[2], v_target, weight, loss_weights,
+                                         0.7)
+        loss.backward()
+        runs.append((loss, means, priorities, *[tensor.grad for tensor in inputs]))
+    for got, expected in zip(*runs, strict=True):
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        torch.testing.assert_close(got, expected, rtol=1e-6 if got.dtype == torch.float32 else 1e-2, atol=1e-7)
+    loss, means, priorities = runs[0][:3]
+    torch.testing.assert_close(loss, means @ loss_weights)
+    assert not means.requires_grad and not priorities.requires_grad
+
+
+def test_weighted_losses_follow_the_importance_weights():
+    """A sample of weight 0 moves nothing; doubling every weight doubles the loss and every gradient."""
+    c51_target = torch.softmax(torch.randn(4, 2, 5), -1)
+    log_probs = torch.log_softmax(torch.randn(4, 2, 5), -1).requires_grad_()
+    iqn, v = torch.rand(4).requires_grad_(), torch.randn(4).requires_grad_()
+    weight, loss_weights = torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.ones(3)
+    loss, _, _ = weighted_losses(c51_target, log_probs, iqn, v, torch.randn(4), weight, loss_weights, 0.7)
+    loss.backward()
+    assert log_probs.grad[1].abs().sum() == 0 and iqn.grad[1] == 0 and v.grad[1] == 0
+    assert torch.all(iqn.grad[[0, 2, 3]] == 0.25)  # d mean_B(w * iqn) / d iqn_i = w_i / B

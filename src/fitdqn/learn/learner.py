@@ -48,7 +48,7 @@ import torch
 
 from fitdqn.config import Config
 from fitdqn.learn.act import select_actions
-from fitdqn.learn.losses import categorical_projection, expectile_loss, quantile_huber_loss
+from fitdqn.learn.losses import categorical_projection, quantile_huber_loss, weighted_losses
 from fitdqn.learn.precision import autocast, autocast_dtype
 from fitdqn.learn.schedule import lr_factor, scaled_lr, target_period_at, target_tau_at
 from fitdqn.learn.target import target_weight, update_target
@@ -91,6 +91,9 @@ class Learner:
         # float64 on the CPU, where the fused Adam then steps bit for bit as with a Python float rate
         lr_dtype = torch.float32 if cuda else torch.float64
         self.lr = torch.tensor(self.learn_config.lr, dtype=lr_dtype, device=self.device)  # []
+        # (1, w_iqn, w_iql): the loss's weights as a tensor made once (a captured update copies nothing from the host)
+        self.loss_weights = torch.tensor([1.0, self.learn_config.iqn_loss_weight, self.learn_config.iql_loss_weight],
+                                         device=self.device)  # [3]
         self.lr_progress = 0.0
         decay = self.learn_config.weight_decay
         adam = torch.optim.AdamW if decay > 0 else torch.optim.Adam  # the same state: step, exp_avg, exp_avg_sq
@@ -137,17 +140,13 @@ class Learner:
             logits = self.online.c51_logits(features)  # [B, br, n, A]
             logits = _take_atoms(logits, action)  # [B, br, A]
             log_probs = torch.log_softmax(logits.float(), dim=-1)  # [B, br, A]
-            cross_entropy = -(c51_target * log_probs).sum(-1)  # [B, br]
-            c51 = cross_entropy.mean(-1)  # [B]
             taus = torch.rand(obs.shape[0], self.net_config.iqn_quantiles, device=self.device)  # [B, N]
             quantiles = _take_quantiles(self.online.quantiles(features, taus), action)  # [B, N, br]
             iqn = quantile_huber_loss(quantiles, iqn_target, taus, cfg.kappa, fused=self.fused)  # [B]
             v = self.value(obs[:, -1])  # [B]
-            iql = expectile_loss(v_target - v, cfg.iql_expectile)  # [B]
-            c51_loss = (weight * c51).mean()
-            iqn_loss = (weight * iqn).mean()
-            iql_loss = (weight * iql).mean()
-            loss = c51_loss + cfg.iqn_loss_weight * iqn_loss + cfg.iql_loss_weight * iql_loss
+        # c51 + w iqn + w iql, importance-weighted (fp32, as one autograd function: fitdqn.learn.losses)
+        loss, means, priorities = weighted_losses(c51_target, log_probs, iqn, v, v_target, weight, self.loss_weights,
+                                                  cfg.iql_expectile)
         loss.backward()
         self._keep_gradients()
         if self.gradient_sync is not None:
@@ -161,10 +160,10 @@ class Learner:
             q_mean = (log_probs.exp() * self.online.support).sum(-1).mean()  # taken actions, all branches
         return {
             "loss": loss.detach(),
-            "c51_loss": c51_loss.detach(),
-            "iqn_loss": iqn_loss.detach(),
-            "iql_loss": iql_loss.detach(),
-            "priorities": cross_entropy.detach().mean(-1),  # [B]
+            "c51_loss": means[0],
+            "iqn_loss": means[1],
+            "iql_loss": means[2],
+            "priorities": priorities,  # [B]
             "q_mean": q_mean,
             "v_mean": v.detach().mean(),
             "grad_norm": grad_norm.detach(),
