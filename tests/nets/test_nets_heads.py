@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from fitdqn.config import NetConfig
 from fitdqn.nets import BranchingDuelingC51, IQNHead, LastTokenAttention, QNetwork, ValueNet, dueling
+from fitdqn.nets.c51 import FoldedOutput
 from fitdqn.nets.iqn import cosine_embedding
 
 SMALL = NetConfig(window=4, trunk_hidden=32, d_model=16, attention_heads=4, stream_hidden=16, num_atoms=11,
@@ -145,3 +146,64 @@ def test_folded_c51_head_equals_per_branch_dueling_with_the_same_gradients(branc
         assert torch.all(by_name[f"advantages.{index}.weight"][n * 11:] == 0)
     assert torch.all(by_name["value.weight"][11:] == 0)
 
+
+
+def _output_layers(head: BranchingDuelingC51) -> list[torch.Tensor]:
+    """FoldedOutput's parameters, in its order, with the padding rows made non-zero (the fold must not read them)."""
+    params = [head.value.weight, head.value.bias, *[layer.weight for layer in head.advantages],
+              *[layer.bias for layer in head.advantages]]
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn_like(p))
+    return params
+
+
+@pytest.mark.parametrize(("branches", "atoms", "hidden"), [((5, 5, 5), 51, 64), ((3, 5, 2), 11, 8)])
+def test_folded_output_function_equals_the_plain_fold_with_the_same_gradients(branches, atoms, hidden):
+    torch.manual_seed(0)
+    head = BranchingDuelingC51(16, hidden, branches, atoms)
+    assert head.padding_rows > 0
+    params = _output_layers(head)
+    weight, bias = head._fold()  # [rows, (1 + br) h], [rows]
+    expected_weight, expected_bias = head._fold_reference()
+    tight = {"rtol": 1e-6, "atol": 1e-6}  # the same ops in the same order: equal bit for bit on CPU
+    torch.testing.assert_close(weight, expected_weight, **tight)
+    torch.testing.assert_close(bias, expected_bias, **tight)
+    assert weight.grad_fn.saved_tensors == ()  # linear in the parameters: backward needs none of them
+    upstream_weight, upstream_bias = torch.randn_like(weight), torch.randn_like(bias)  # padding rows too
+    grads = torch.autograd.grad((weight * upstream_weight).sum() + (bias * upstream_bias).sum(), params)
+    expected = torch.autograd.grad(
+        (expected_weight * upstream_weight).sum() + (expected_bias * upstream_bias).sum(), params)
+    for p, got, want in zip(params, grads, expected, strict=True):
+        assert got.shape == p.shape
+        torch.testing.assert_close(got, want, **tight)
+    # the padding rows of the output layers (aligned widths) get exact zeros
+    assert torch.all(grads[0][atoms:] == 0) and torch.all(grads[1][atoms:] == 0)
+    for index, n in enumerate(branches):
+        assert torch.all(grads[2 + index][n * atoms:] == 0)
+        assert torch.all(grads[2 + len(branches) + index][n * atoms:] == 0)
+
+
+@pytest.mark.parametrize("branches", [(5, 5, 5), (3, 5, 2)])
+def test_folded_output_function_without_a_graph_and_under_autocast(branches):
+    torch.manual_seed(0)
+    head = BranchingDuelingC51(16, 8, branches, 11)
+    _output_layers(head)
+    expected_weight, expected_bias = head._fold_reference()
+    with torch.no_grad():  # the target network's pass
+        weight, bias = head._fold()
+    assert weight.grad_fn is None and not weight.requires_grad and not bias.requires_grad
+    torch.testing.assert_close(weight, expected_weight, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(bias, expected_bias, rtol=1e-6, atol=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 parameters: the fold stays in fp32
+        weight, bias = head._fold()
+    assert weight.dtype == bias.dtype == torch.float32
+    torch.testing.assert_close(weight, expected_weight, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(bias, expected_bias, rtol=1e-6, atol=1e-6)
+
+
+def test_folded_output_function_gradcheck():
+    torch.manual_seed(0)
+    head = BranchingDuelingC51(4, 2, (2, 3), 3).double()
+    params = [p.detach().clone().requires_grad_() for p in _output_layers(head)]
+    assert torch.autograd.gradcheck(lambda *p: FoldedOutput.apply(head, *p), params)

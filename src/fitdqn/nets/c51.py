@@ -19,20 +19,29 @@ The dueling combination is linear, so it is applied to the *weights*, not the ac
 (:meth:`BranchingDuelingC51.folded_output`): with ``A_a = W_a h_d + b_a``, ``A_a - mean_a' A_a' =
 (W_a - mean W) h_d + (b_a - mean b)``, and ``V + that`` is one linear map of the stacked streams
 ``[h_V, h_1, .., h_br]``. The whole head is then one GEMM ``[B, (1 + br) h] x [(1 + br) h, br n atoms]`` on a
-weight built per forward from the same parameters (about ten small kernels on ``[br n atoms, (1 + br) h]``,
-independent of the batch). Per-branch layers and dueling on the activations (:meth:`reference`, the test
-oracle) took 14 kernels on ``[B, ...]`` tensors a forward and about 0.5 ms of the update at batch 8192 on an
-H200, most of it elementwise ``[B, n, atoms]`` passes and their backward. The zero blocks of the folded weight
-cost FLOPs (a third of them are used), not time: the GEMM is small.
+weight built per forward from the same parameters, independent of the batch. Per-branch layers and dueling on
+the activations (:meth:`reference`, the test oracle) took 14 kernels on ``[B, ...]`` tensors a forward and about
+0.5 ms of the update at batch 8192 on an H200, most of it elementwise ``[B, n, atoms]`` passes and their
+backward. The zero blocks of the folded weight cost FLOPs (a third of them are used), not time: the GEMM is small.
+
+The fold itself is one autograd function, :class:`FoldedOutput`, because its kernels are tiny (a few
+microseconds each in a CUDA graph) and their number is what costs: at equal branches it takes 9 ops (one kernel
+each) forward and 7 backward. Autograd through the same maths in plain ops
+(:meth:`BranchingDuelingC51._fold_reference`, its test oracle) took 11 ops forward and 22 backward at the default
+(5, 5, 5) branches and 51 atoms, about 13 and 32 kernels: most of the backward undid the slices and pads of the
+parameters, a zero fill and a copy each. An update runs the online network's fold forward and backward once and
+the target's forward once: 25 ops where there were 44.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from fitdqn.nets.groups import tag
 from fitdqn.ops.casts import derived_once
@@ -87,9 +96,13 @@ class BranchingDuelingC51(nn.Module):
         self.register_buffer("placement", torch.eye(len(branches)).view(len(branches), 1, 1, -1, 1),
                              persistent=False)
         valid = torch.zeros(len(branches), self.max_n)
+        divisor = torch.full((len(branches), self.max_n), -math.inf)  # FoldedOutput's centring (its docstring)
         for branch, n in enumerate(branches):
             valid[branch, :n] = 1.0
+            divisor[branch, :n] = -n
         self.register_buffer("valid", valid.view(len(branches), self.max_n, 1), persistent=False)  # [br, n, 1]
+        self.register_buffer("divisor", divisor.view(len(branches), self.max_n, 1), persistent=False)  # [br, n, 1]
+        self.padded_actions = self.max_n * len(branches) != sum(branches)  # some branch is padded
         self.padding_rows = aligned_width(width) - width
         tag(self, "dqn")
 
@@ -116,6 +129,13 @@ class BranchingDuelingC51(nn.Module):
         return derived_once(self, self._fold)
 
     def _fold(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """:class:`FoldedOutput` on this head's output layers."""
+        return FoldedOutput.apply(self, self.value.weight, self.value.bias,
+                                  *[layer.weight for layer in self.advantages],
+                                  *[layer.bias for layer in self.advantages])
+
+    def _fold_reference(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fold in plain differentiable ops: :class:`FoldedOutput`'s test oracle, forward and backward."""
         branches, n, atoms = len(self.branches), self.max_n, self.atoms
         hidden = self.value.in_features
         adv_weight = self._stacked([layer.weight for layer in self.advantages])  # [br, n, atoms, h]
@@ -170,3 +190,78 @@ class BranchingDuelingC51(nn.Module):
                 branch = F.pad(branch, (0, 0, 0, self.max_n - n))  # [B, max_n, atoms]
             logits.append(branch)
         return torch.stack(logits, dim=1)  # [B, branches, max_n, atoms]
+
+
+class FoldedOutput(torch.autograd.Function):
+    """``(head, value weight, value bias, advantage weights.., advantage biases..) -> (weight [rows, (1 + br) h],
+    bias [rows])``: :meth:`BranchingDuelingC51._fold_reference` as one autograd function.
+
+    Autograd through the plain formulation spent about thirty small kernels backward, most of them undoing the
+    slices and pads of the parameters (a zero fill and a copy each). The fold is linear in the parameters, so
+    backward needs none of them (nothing is saved): it reads the incoming gradients in the folded layout and
+    writes each parameter's gradient in that parameter's own padded shape, zeros in the padding rows. Both
+    directions write into views of one zeroed buffer (one fill for the weight and bias, one for all the
+    gradients), then run a few reductions and elementwise passes over ``[br, n, atoms, ...]``.
+
+    Centring over a branch's sub-actions is one pass, ``x + sum_a x / divisor`` (``addcdiv``), with ``divisor``
+    ``-n_d`` on branch d's sub-actions: ``x - sum / n_d``, the rounding of ``x - x.mean()`` on CPU and of
+    autograd's mean backward (CUDA's mean multiplies by ``1 / n_d``: the forward may differ from the plain fold
+    in the last bit there), and ``-inf`` on padded sub-actions, whose ``x`` is zero: zero there too.
+    """
+
+    @staticmethod
+    def forward(ctx, head: BranchingDuelingC51, value_weight: torch.Tensor, value_bias: torch.Tensor,
+                *advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        branches, n, atoms = len(head.branches), head.max_n, head.atoms
+        hidden, used = value_weight.shape[1], branches * n * atoms
+        ctx.head, ctx.shapes = head, [t.shape for t in (value_weight, value_bias, *advantages)]
+        rows = used + head.padding_rows
+        weight, bias = _zeros(value_weight, (rows, (1 + branches) * hidden), (rows,))
+        blocks = weight[:used].view(branches, n, atoms, 1 + branches, hidden)  # [br, n, atoms, 1 + br, h]
+        torch.mul(value_weight[:atoms], head.valid.unsqueeze(-1), out=blocks[:, :, :, 0])  # V's rows in block 0
+        adv_weight = head._stacked(advantages[:branches])  # [br, n, atoms, h]
+        torch.addcdiv(adv_weight, adv_weight.sum(1, keepdim=True), head.divisor.unsqueeze(-1),
+                      out=_own_blocks(blocks))
+        adv_bias = head._stacked(advantages[branches:])  # [br, n, atoms]
+        used_bias = bias[:used].view(branches, n, atoms)  # [br, n, atoms]
+        torch.addcdiv(adv_bias, adv_bias.sum(1, keepdim=True), head.divisor, out=used_bias)
+        used_bias.addcmul_(value_bias[:atoms], head.valid)  # + V's bias on the valid sub-actions
+        return weight, bias
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_weight: torch.Tensor, grad_bias: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        head = ctx.head
+        branches, n, atoms = len(head.branches), head.max_n, head.atoms
+        hidden, used = ctx.shapes[0][1], branches * n * atoms
+        grad_blocks = grad_weight[:used].view(branches, n, atoms, 1 + branches, hidden)  # [br, n, atoms, 1 + br, h]
+        grad_rows = grad_bias[:used].view(branches, n, atoms)  # [br, n, atoms]
+        grad_value, grad_own = grad_blocks[:, :, :, 0], _own_blocks(grad_blocks)  # [br, n, atoms, h] each
+        if head.padded_actions:  # the rows of padded sub-actions come from no parameter
+            grad_value, grad_own = grad_value * head.valid.unsqueeze(-1), grad_own * head.valid.unsqueeze(-1)
+            grad_rows = grad_rows * head.valid
+        widths = [shape[0] for shape in ctx.shapes[2:2 + branches]]  # each advantage layer's padded width
+        value_weight, value_bias, adv_weight, adv_bias = _zeros(
+            grad_weight, ctx.shapes[0], ctx.shapes[1], (branches, max(widths), hidden), (branches, max(widths)))
+        torch.sum(grad_value, dim=(0, 1), out=value_weight[:atoms])
+        torch.sum(grad_rows, dim=(0, 1), out=value_bias[:atoms])
+        torch.addcdiv(grad_own, grad_own.sum(1, keepdim=True), head.divisor.unsqueeze(-1),
+                      out=adv_weight[:, :n * atoms].view(branches, n, atoms, hidden))
+        torch.addcdiv(grad_rows, grad_rows.sum(1, keepdim=True), head.divisor,
+                      out=adv_bias[:, :n * atoms].view(branches, n, atoms))
+        # branch d's gradient: its first width_d rows (sub-actions past n_d, its padding rows, got zeros)
+        return (None, value_weight, value_bias, *[g[:w] for g, w in zip(adv_weight, widths, strict=True)],
+                *[g[:w] for g, w in zip(adv_bias, widths, strict=True)])
+
+
+def _own_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """``[br, n, atoms, 1 + br, h] -> [br, n, atoms, h]``: each branch's rows in its own column block (1 + d), a
+    view (the diagonal of the advantage blocks)."""
+    return blocks[:, :, :, 1:].diagonal(dim1=0, dim2=3).movedim(-1, 0)
+
+
+def _zeros(like: torch.Tensor, *shapes: Sequence[int]) -> list[torch.Tensor]:
+    """Zero tensors of ``shapes`` (``like``'s dtype and device), views of one buffer: one fill for all of them."""
+    sizes = [math.prod(shape) for shape in shapes]
+    flat = like.new_zeros(sum(sizes))
+    return [part.view(shape) for part, shape in zip(flat.split(sizes), shapes, strict=True)]
