@@ -212,6 +212,10 @@ class FoldedOutput(torch.autograd.Function):
     @staticmethod
     def forward(ctx, head: BranchingDuelingC51, value_weight: torch.Tensor, value_bias: torch.Tensor,
                 *advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # detached: the ops below write into views with ``out=``, which a program exported from this forward
+        # (``fitdqn export``, torch.export inlines it) would run on parameters that require grad
+        value_weight, value_bias = value_weight.detach(), value_bias.detach()
+        advantages = tuple(tensor.detach() for tensor in advantages)
         branches, n, atoms = len(head.branches), head.max_n, head.atoms
         hidden, used = value_weight.shape[1], branches * n * atoms
         ctx.head, ctx.shapes = head, [t.shape for t in (value_weight, value_bias, *advantages)]
