@@ -147,7 +147,6 @@ def test_folded_c51_head_equals_per_branch_dueling_with_the_same_gradients(branc
     assert torch.all(by_name["value.weight"][11:] == 0)
 
 
-
 def _output_layers(head: BranchingDuelingC51) -> list[torch.Tensor]:
     """FoldedOutput's parameters, in its order, with the padding rows made non-zero (the fold must not read them)."""
     params = [head.value.weight, head.value.bias, *[layer.weight for layer in head.advantages],

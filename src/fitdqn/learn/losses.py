@@ -120,9 +120,10 @@ def weighted_losses(
     w_iql)`` (a tensor made once, so that a captured update copies nothing from the host). The per-sample losses:
     ``c51 = -mean_br sum_A c51_target * log_probs`` and ``iql = expectile_loss(v_target - v, expectile)``.
 
-    Written by hand because autograd's version of these few lines is 37 kernels, most on ``[B]`` vectors (the
-    three means, the sum, the expectile's pieces and each one's backward), each a launch of a few microseconds
-    in the update's graph; here the forward is 12 and the backward 8. Everything runs in fp32, outside autocast.
+    Written by hand because autograd's version of these few lines is 37 ops, most on ``[B]`` vectors (the three
+    means, the sum, the expectile's pieces and each one's backward; a CPU census of the update's aten ops), each a
+    kernel launch of a few microseconds in the update's graph; here the forward is 12 and the backward 8.
+    Everything runs in fp32, outside autocast.
     """
     with torch.autocast(log_probs.device.type, enabled=False):
         return WeightedLosses(*_WeightedLosses.apply(c51_target, log_probs, iqn, v, v_target, weight, loss_weights,

@@ -92,9 +92,6 @@ class BranchingDuelingC51(nn.Module):
         self.value = PaddedLinear(hidden, atoms)
         self.advantages = nn.ModuleList(PaddedLinear(hidden, n * atoms) for n in branches)
         width = len(branches) * self.max_n * atoms
-        # [branches, 1, 1, branches, 1]: places branch d's advantage weights in column block d
-        self.register_buffer("placement", torch.eye(len(branches)).view(len(branches), 1, 1, -1, 1),
-                             persistent=False)
         valid = torch.zeros(len(branches), self.max_n)
         divisor = torch.full((len(branches), self.max_n), -math.inf)  # FoldedOutput's centring (its docstring)
         for branch, n in enumerate(branches):
@@ -144,11 +141,12 @@ class BranchingDuelingC51(nn.Module):
         adv_bias = adv_bias - self._mean_over_actions(adv_bias)
         value_weight = self.value.weight[:atoms].expand(branches, n, atoms, hidden)  # [br, n, atoms, h]
         value_bias = self.value.bias[:atoms]  # [atoms]
-        if n * branches != sum(self.branches):  # padded sub-actions get zero logits
+        if self.padded_actions:  # padded sub-actions get zero logits
             value_weight = value_weight * self.valid.unsqueeze(-1)
             adv_weight, adv_bias = adv_weight * self.valid.unsqueeze(-1), adv_bias * self.valid
             value_bias = value_bias * self.valid  # [br, n, atoms]
-        blocks = adv_weight.unsqueeze(3) * self.placement  # [br, n, atoms, br, h]: block-diagonal
+        placement = torch.eye(branches, device=adv_weight.device).view(branches, 1, 1, branches, 1)  # d -> block d
+        blocks = adv_weight.unsqueeze(3) * placement  # [br, n, atoms, br, h]: block-diagonal
         weight = torch.cat([value_weight.unsqueeze(3), blocks], dim=3).view(branches * n * atoms, -1)
         bias = (adv_bias + value_bias).reshape(-1)  # [br * n * atoms]
         if self.padding_rows:
