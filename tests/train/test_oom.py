@@ -15,10 +15,14 @@ from fitdqn.train.run import train
 from fitdqn.train.trainer import Trainer
 
 
-@pytest.mark.parametrize("curvature", [-2e-3, 0.0, 5e-3])  # the step's bytes grow slower / as / faster than B
-def test_the_replanned_batch_is_the_largest_whose_traced_need_fits(curvature):
+@pytest.mark.parametrize("shape", ["concave", "linear", "convex", "flat"])  # how the step's bytes grow with B
+def test_the_replanned_batch_is_the_largest_whose_traced_need_fits(shape):
     pages, room = 50_000, 5_000_000
+    curvature = {"concave": -2e-3, "linear": 0.0, "convex": 5e-3}.get(shape, 0.0)
     need = lambda b: int(1000 * b + curvature * b * b) + pages  # noqa: E731  # exact bytes at batch b
+    if shape == "flat":  # flat just over the room for 1 % of the batch (tests/plan/test_build.py's flat_above)
+        edge = int(0.995 * room / 1000)
+        need = lambda b: 1000 * b if b < edge else max(1000 * b, room + 1000)  # noqa: E731
     traced = []
     counted = lambda b: traced.append(b) or need(b)  # noqa: E731
     batch = fitting_batch(counted, room, below=10_000, per_sample_guess=500, min_batch=64)  # a guess too low

@@ -197,3 +197,26 @@ def make_plan(
         headroom_bytes=headroom, replay_capacity=replay_capacity, max_fitting_batch=max_fitting,
         notes=tuple(notes),
     )
+
+
+def next_traced_batch(proposal: int, fitted: int | None, missed: int | None, misses: int, last_fitted: bool,
+                      converged: float) -> int | None:
+    """The next batch a search for the largest fitting batch traces, or None when the search is done.
+
+    ``proposal``: the batch the last trace says fits, in proportion to that trace (``last_fitted``: whether that
+    trace fitted); ``fitted``: the largest batch whose trace fitted so far; ``missed``: the smallest whose trace
+    did not (None: none yet), ``misses`` traces having missed. In proportion, a trace just over the room proposes
+    a batch just under itself, while the update graph's pool, mapped in whole pages, stays flat over thousands of
+    samples: so the next batch steps under the smallest miss by at least ``converged / 4``, twice that after two
+    misses, and so on (else the search creeps down a few samples a round and never fits). Done when a fitting
+    trace proposes less than ``converged`` more, or a miss proposes no more than the fitted batch and the bracket
+    between them is at most twice ``converged`` wide (a wider one has its middle traced)."""
+    if missed is not None:
+        proposal = min(proposal, int(missed * (1 - converged / 4 * 2 ** (misses - 1))))
+    if fitted is None:
+        return proposal
+    if last_fitted and proposal <= fitted * (1 + converged):
+        return None
+    if proposal <= fitted:
+        return None if missed - fitted <= 2 * converged * fitted else (fitted + missed) // 2
+    return proposal
