@@ -98,7 +98,9 @@ def run_module_case(name, batch, window, d_model, heads, dtype_name):
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
     module = LastTokenAttention(d_model, heads, fused=True)
-    tokens, upstream = torch.randn(batch, window, d_model), torch.randn(batch, d_model)
+    # as the network hands them over: the trunk's tokens in the autocast dtype, and an upstream gradient that the
+    # features' dtype holds exactly (the fused path's features are bf16 under autocast, so is their gradient)
+    tokens, upstream = torch.randn(batch, window, d_model).to(dtype), torch.randn(batch, d_model).to(dtype).float()
     fused = module_results(module, tokens, upstream, dtype)
     today = module_results(copy.deepcopy(module), tokens, upstream, dtype, reference=True)  # the elementwise path
     oracle = module_results(module.double(), tokens.double(), upstream.double(), torch.float32, reference=True)

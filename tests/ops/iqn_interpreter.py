@@ -40,6 +40,12 @@ CASES = [
     ("bf16-B7-N32-rows", 7, 32, 256, 64, 15, "bfloat16", None),
 ]
 RESULTS = ("out", "grad_features", "grad_embed_w", "grad_embed_b", "grad_out_w", "grad_out_b")
+# (name, batch, quantiles, d_model, embedding, outputs): bf16 *features* (the fused attention's under bf16 autocast),
+# the default kernels under bf16 autocast
+FEATURE_CASES = [
+    ("bf16-features-B7-N32", 7, 32, 256, 64, 15),
+    ("bf16-features-B19-N8-small", 19, 8, 16, 8, 15),
+]
 
 
 def patch_interpreter_bf16() -> None:
@@ -115,13 +121,38 @@ def run_case(name, batch, quantiles, d_model, embedding, outputs, dtype_name, pr
     # i = 63 by ~1e-5 and flip a ReLU here and there (a gradient jump that both fp32 paths share)
     reference = head_results(head, features, taus, upstream, None)
 
-    def relative(values):
-        return {key: ((value.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
-                for key, value, ref in zip(RESULTS, values, reference, strict=True)}
-
-    return {"fused": relative(fused), "chunked": relative(chunked),
+    return {"fused": relative(fused, reference), "chunked": relative(chunked, reference),
             "shapes": [list(value.shape) for value in fused], "dtypes": [str(value.dtype) for value in fused],
             "programs": ops_iqn.tile_geometry(batch, quantiles).programs}
+
+
+def relative(values, reference) -> dict:
+    return {key: ((value.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+            for key, value, ref in zip(RESULTS, values, reference, strict=True)}
+
+
+def run_features_case(name, batch, quantiles, d_model, embedding, outputs):
+    """The head on bf16 features: errors of the kernels and of the chunked maths against the fp32 reference on the
+    same (rounded) features, and the dtype of the grad features the backward op itself returns (no cast after)."""
+    from fitdqn.nets.iqn import IQNHead
+    from fitdqn.ops import iqn as ops_iqn
+    from fitdqn.ops import iqn_triton
+
+    ops_iqn.WEIGHT_GRAD_PROGRAMS, iqn_triton.BACKWARD_KERNEL = 128, "transposed"  # the defaults (run_case sets them)
+    torch.manual_seed(0)
+    head = IQNHead(d_model, embedding, outputs, chunk=16, fused=True)
+    features, taus = torch.randn(batch, d_model).bfloat16(), torch.rand(batch, quantiles)
+    upstream = torch.randn(batch, quantiles, outputs)
+    fused = head_results(head, features, taus, upstream, torch.bfloat16)
+    chunked_head = copy.deepcopy(head)
+    chunked_head.fused = False
+    chunked = head_results(chunked_head, features, taus, upstream, torch.bfloat16)
+    reference = head_results(head, features.float(), taus, upstream, None)
+    op_grads = torch.ops.fitdqn.iqn_quantile_head_backward(
+        upstream, features, taus, head.frequencies, head.embed.weight, head.embed.bias, head.out.weight, 16,
+        torch.bfloat16)
+    return {"fused": relative(fused, reference), "chunked": relative(chunked, reference),
+            "op_grad_features_dtype": str(op_grads[0].dtype), "grad_features_dtype": str(fused[1].dtype)}
 
 
 def main() -> None:
@@ -130,6 +161,7 @@ def main() -> None:
     patch_interpreter_bf16()
     use_triton_on_cpu()
     results = {case[0]: run_case(*case) for case in CASES}
+    results.update({case[0]: run_features_case(*case) for case in FEATURE_CASES})
     print(json.dumps(results))
 
 

@@ -251,12 +251,16 @@ def test_fused_module_on_cuda_matches_the_elementwise_module(batch, precision):
     torch.manual_seed(0)
     with torch.device("cuda"):
         module = LastTokenAttention(D_MODEL, HEADS, fused=True)
-        tokens, upstream = torch.randn(batch, WINDOW, D_MODEL), torch.randn(batch, D_MODEL)
+        # as the network hands them over: the trunk's tokens in the autocast dtype, and an upstream gradient that
+        # the features' dtype holds exactly (the fused block's features are bf16 under autocast)
+        tokens = torch.randn(batch, WINDOW, D_MODEL).to(precision)
+        upstream = torch.randn(batch, D_MODEL).to(precision).float()
     elementwise = copy.deepcopy(module)
     elementwise.fused = False
     with torch.autocast("cuda", dtype=precision, enabled=precision != torch.float32):
         fused = module_and_grads(module, tokens, upstream)
         today = module_and_grads(elementwise, tokens, upstream)
+    today[0] = today[0].to(fused[0].dtype)  # the features as the heads read them: they cast the fp32 ones to bf16
     oracle = module_and_grads(copy.deepcopy(module).double(), tokens.double(), upstream.double(), reference=True)
     # errors as norms, relative; in bf16 both paths share the projections' roundings, and the fused core is the
     # more precise one (fp32 products, unrounded weights): "no worse than today" up to bf16 noise

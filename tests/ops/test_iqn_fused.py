@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from iqn_interpreter import CASES, RESULTS
+from iqn_interpreter import CASES, FEATURE_CASES, RESULTS
 from storage_log import StorageLog
 from torch._subclasses.fake_tensor import FakeTensorMode
 from triton_interpreter import run_under_interpreter
@@ -92,6 +92,24 @@ def test_fake_kernels_allocate_what_the_triton_kernels_return():
     assert programs == 128
 
 
+@pytest.mark.parametrize("features_dtype", [torch.bfloat16, torch.float32])
+def test_grad_features_come_back_in_the_features_dtype(features_dtype):
+    """bf16 features (the fused attention's under autocast): the backward op itself returns their gradient in bf16,
+    on the CPU and in the fake kernel (the Triton launcher: ``iqn_interpreter.FEATURE_CASES``)."""
+    torch.manual_seed(0)
+    head = IQNHead(16, 8, OUTPUTS, chunk=3, fused=True)
+    features, taus, upstream = torch.randn(5, 16).to(features_dtype), torch.rand(5, 12), torch.randn(5, 12, OUTPUTS)
+    args = (features, taus, head.frequencies, head.embed.weight, head.embed.bias, head.out.weight, 3, torch.bfloat16)
+    real = torch.ops.fitdqn.iqn_quantile_head_backward(upstream, *args)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake = torch.ops.fitdqn.iqn_quantile_head_backward(upstream, *args)
+    assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in real]
+    assert real[0].dtype == features_dtype and real[1].dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        grad = head_and_grads(head, features, taus, upstream)[1]
+    assert grad.dtype == features_dtype
+
+
 def test_nothing_batch_by_quantiles_by_width_is_allocated():
     batch, quantiles = 4096, 64
     output_bytes = batch * quantiles * OUTPUTS * 4  # [B, N, O] fp32: the largest thing the fused head makes
@@ -162,6 +180,17 @@ def test_triton_kernels_under_the_interpreter_match_the_reference(interpreted, c
         fused, chunked = result["fused"][key], result["chunked"][key]
         assert fused <= tolerance, (key, fused, chunked)
         assert fused <= 1.25 * chunked + 1e-6 or dtype == "float32", (key, fused, chunked)  # no worse than today
+
+
+@pytest.mark.parametrize("case", FEATURE_CASES, ids=[case[0] for case in FEATURE_CASES])
+def test_triton_kernels_under_the_interpreter_take_bf16_features(interpreted, case):
+    result = interpreted[case[0]]
+    # the backward op writes the gradient in the features' dtype itself (no fp32 [B, d] and no cast kernel after)
+    assert result["op_grad_features_dtype"] == result["grad_features_dtype"] == "torch.bfloat16"
+    for key, tolerance in TOLERANCES["bfloat16"].items():
+        fused, chunked = result["fused"][key], result["chunked"][key]
+        assert fused <= tolerance, (key, fused, chunked)
+        assert fused <= 1.25 * chunked + 1e-6, (key, fused, chunked)  # no worse than today
 
 
 # ----------------------------------------------------------------------------------------------- on a GPU

@@ -10,7 +10,9 @@ Memory per sample saved for backward (elements; bf16 under autocast = 2 bytes ea
 - K/V projection output ``[W, 2 * d_model]`` (4096 for W = 8, d_model = 256: 8 KB) — the dominant term;
 - query, attention weights ``[W, heads]`` (32 numbers), attention output, output projection, residual:
   ``[d_model]`` each at most;
-- LayerNorm input/output ``[d_model]`` (fp32 under autocast) and its two per-sample statistics.
+- LayerNorm: in the unfused path its input ``[d_model]`` (the bf16 sum cast to fp32 under CUDA autocast: 1 KB at
+  d_model 256) and two per-sample statistics; in the fused path the residual sum ``[d_model]`` in the compute
+  dtype (bf16 under autocast: 512 B) and the same two fp32 statistics (below).
 A full-sequence block (queries, outputs, residuals for all W tokens) would keep about W times the
 ``[d_model]`` terms as well; nothing reads the other W - 1 outputs, so they are not computed.
 
@@ -31,6 +33,14 @@ backward only grad q ``[d]`` and grad kv ``[W, 2 d]`` (8.5 KB, every element wri
 sum). Its fake kernels allocate exactly those outputs, so the planner's trace sees what the GPU allocates. On
 the CPU the operator runs the elementwise maths (forward) and the closed-form gradient (backward).
 
+The fused path ends with a second operator, ``fitdqn::residual_layer_norm`` (:mod:`fitdqn.ops.residual_norm`,
+Triton on CUDA): the residual add and the LayerNorm in one kernel, and their backward (the input gradient and the
+weight and bias gradients' per-program partial sums) in another. Under CUDA bf16 autocast the unfused block runs a
+bf16 add, a cast of the sum to fp32, ATen's LayerNorm with fp32 output, and its consumers cast the features back to
+bf16; the operator rounds the sum to bf16 as that add did, normalises it in fp32 and writes the features once, in
+bf16, which the heads read directly. Saved for backward per sample: the bf16 sum ``[d]`` (512 B at d = 256) and the
+fp32 mean and rstd, not the fp32 LayerNorm input (1 KB); the features the heads keep are bf16 as well.
+
 Why not ``scaled_dot_product_attention``: with one query per sample the attention weights are
 ``[heads, W]`` = 32 numbers, so materialising them costs nothing, and SDPA's fused kernels are built for
 blocks of many queries; with one query per sample they were slower here. Measured on an H200 (bf16,
@@ -49,14 +59,17 @@ from torch import nn
 from fitdqn.nets.groups import tag
 from fitdqn.ops.attention import last_token_attention
 from fitdqn.ops.linear import linear
+from fitdqn.ops.residual_norm import residual_layer_norm
 
 
 class LastTokenAttention(nn.Module):
     """``tokens [B, W, d_model] -> [B, d_model]``: LayerNorm(last + out(attention(last -> all tokens))).
 
     ``fused``: the core between the projections is the operator ``fitdqn::last_token_attention`` (Triton on
-    CUDA, the same elementwise maths elsewhere) and the projections take their bias gradients as matrix-vector
-    products (:func:`fitdqn.ops.linear.linear`), else :meth:`reference`'s elementwise ops and plain layers.
+    CUDA, the same elementwise maths elsewhere), the residual add and LayerNorm the operator
+    ``fitdqn::residual_layer_norm`` (output in the compute dtype: bf16 under autocast, where ``nn.LayerNorm``'s is
+    fp32), and the projections take their bias gradients as matrix-vector products
+    (:func:`fitdqn.ops.linear.linear`), else :meth:`reference`'s elementwise ops and plain layers.
     """
 
     def __init__(self, d_model: int, heads: int, fused: bool = False) -> None:
@@ -78,10 +91,13 @@ class LastTokenAttention(nn.Module):
         q = linear(last, self.query.weight, self.query.bias)  # [B, d]
         kv = linear(tokens, self.key_value.weight, self.key_value.bias)  # [B, W, 2d]
         attended = last_token_attention(q, kv, self.heads)  # [B, d]: the operator (module docstring)
-        return self.norm(last + linear(attended, self.out.weight, self.out.bias))  # [B, d]
+        projected = linear(attended, self.out.weight, self.out.bias)  # [B, d]
+        norm = self.norm
+        return residual_layer_norm(projected, last, norm.weight, norm.bias, norm.eps)  # [B, d]: the operator
 
     def reference(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The elementwise maths in plain autograd: the unfused path and the fused path's test oracle."""
+        """The elementwise maths in plain autograd (``nn.LayerNorm`` on the residual sum): the unfused path and the
+        fused path's test oracle."""
         batch, window, d_model = tokens.shape
         heads, head_dim = self.heads, d_model // self.heads
         last = tokens[:, -1]  # [B, d]

@@ -5,9 +5,10 @@ combined per branch on the logits: ``logits_d = V + A_d - mean_a A_d`` (the mean
 sub-actions), then a softmax over atoms gives each sub-action's return distribution on the support.
 
 All streams' first layers are one fused ``Linear(d_model, (1 + branches) * stream_hidden)`` (one matmul,
-one autocast cast of the features; with the fused kernel set its ReLU runs in the product's epilogue,
-``fitdqn.ops.linear_relu``); each stream has its own output layer. Branches of unequal size are
-padded to the largest one: padded sub-actions get zero logits and ``valid_actions`` marks them invalid.
+one autocast cast of the features, or none with the fused kernel set, whose attention hands them over in bf16
+under autocast; with that set its ReLU runs in the product's epilogue, ``fitdqn.ops.linear_relu``); each stream
+has its own output layer. Branches of unequal size are padded to the largest one: padded sub-actions get zero
+logits and ``valid_actions`` marks them invalid.
 
 The output layers are a few columns wider than they need be (:func:`aligned_width`: 51 -> 56 atoms, 5 x 51 =
 255 -> 256): with bf16 rows a multiple of 16 bytes cuBLAS can use its Hopper (sm_90) GEMMs; with 51 or 255

@@ -11,10 +11,11 @@ that, picked once at construction (``net.kernels``, :func:`fitdqn.ops.kernels.re
 
 - ``'triton'``: the operator ``fitdqn::iqn_quantile_head`` (:mod:`fitdqn.ops.iqn`), fused Triton kernels
   on CUDA (:mod:`fitdqn.ops.iqn_triton`) that compute cosines, phi and h in registers, tile by tile. Per
-  sample: saved for backward only the inputs, features ``[d]`` + taus ``[N]`` (1 KB + 256 B); output
-  ``[N, O]`` fp32 (3.75 KB at N = 64); in backward grad features ``[d]`` fp32 (1 KB) and, independent of the
-  batch, per-program partial sums of the weight gradients (``[P, d, E]`` + ``[P, O, d]`` + ``[P, O]`` fp32,
-  P = 128: about 10 MiB). On the CPU the same operator runs the chunked maths.
+  sample: saved for backward only the inputs, features ``[d]`` + taus ``[N]`` (512 B + 256 B: the fused
+  attention's features are bf16 under autocast, fp32 without); output ``[N, O]`` fp32 (3.75 KB at N = 64); in
+  backward grad features ``[d]`` in the features' dtype (512 B) and, independent of the batch, per-program
+  partial sums of the weight gradients (``[P, d, E]`` + ``[P, O, d]`` + ``[P, O]`` fp32, P = 128: about
+  10 MiB). On the CPU the same operator runs the chunked maths.
 - ``'torch'``: :class:`QuantileHeadFunction` (:mod:`fitdqn.ops.iqn`), cuBLAS GEMMs over ``chunk``
   quantiles at a time (``net.iqn_chunk``): the same saved inputs, plus about 32 KB per sample of transients
   in bf16 at chunk 16.

@@ -28,7 +28,9 @@ device the fake tensors claim, so the trace of a CUDA target sees the GPU's byte
 
 - forward: the output ``[B, N, O]`` fp32; autograd saves only the inputs (features ``[B, d]``, taus
   ``[B, N]`` and the parameters); nothing of size ``[B, N, d]`` exists at any time;
-- backward op: grad features ``[B, d]`` fp32 and the weight gradients as per-program partial sums
+- backward op: grad features ``[B, d]`` in the features' dtype (summed in fp32 at least, rounded once: bf16
+  features, as the fused attention's under autocast, get a bf16 gradient without a cast kernel of its own)
+  and the weight gradients as per-program partial sums
   (``[P, d, E]``, ``[P, O, d]``, ``[P, O]`` fp32, ``P = min(WEIGHT_GRAD_PROGRAMS, tiles)``: 8 MiB +
   1.9 MiB at d = 256, E = 64, O = 15, independent of the batch beyond 128 tiles), summed over P by torch in the
   autograd backward (:func:`_backward`), where the trace sees those sums too.
@@ -207,9 +209,9 @@ def iqn_quantile_head_backward(grad_out: torch.Tensor, features: torch.Tensor, t
                                frequencies: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor,
                                out_w: torch.Tensor, chunk: int, dtype: torch.dtype
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``grad_out [B, N, O]`` -> grad features ``[B, d]``, partial sums of the gradients of embed_w
-    ``[P, d, E]``, out_w ``[P, O, d]`` and out_b ``[P, O]`` (module docstring). Default (CPU) kernel: the chunked
-    maths."""
+    """``grad_out [B, N, O]`` -> grad features ``[B, d]`` (features' dtype), partial sums of the gradients of
+    embed_w ``[P, d, E]``, out_w ``[P, O, d]`` and out_b ``[P, O]`` (module docstring). Default (CPU) kernel: the
+    chunked maths."""
     return _chunked_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype)
 
 
@@ -225,18 +227,20 @@ def _grads_fake(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, 
     programs = tile_geometry(*taus.shape).programs
     acc = accumulate_dtype(features)
     (d_model, embedding), outputs = embed_w.shape, out_w.shape[0]
-    return (features.new_empty(features.shape, dtype=acc),
+    return (features.new_empty(features.shape),
             features.new_empty((programs, d_model, embedding), dtype=acc),
             features.new_empty((programs, outputs, d_model), dtype=acc),
             features.new_empty((programs, outputs), dtype=acc))
 
 
 def _chunked_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype):
-    """The backward op's contract from the chunked maths: its exact gradients in partial row 0."""
+    """The backward op's contract from the chunked maths: grad features in their dtype, the exact weight
+    gradients in partial row 0."""
     grad_x, grad_w1, grad_w2, grad_b2 = chunked_quantile_grads(
         grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype)
     programs = tile_geometry(*taus.shape).programs
-    return grad_x, _in_row_zero(grad_w1, programs), _in_row_zero(grad_w2, programs), _in_row_zero(grad_b2, programs)
+    return (grad_x.to(features.dtype), _in_row_zero(grad_w1, programs), _in_row_zero(grad_w2, programs),
+            _in_row_zero(grad_b2, programs))
 
 
 def _in_row_zero(total: torch.Tensor, programs: int) -> torch.Tensor:
@@ -261,7 +265,7 @@ def _backward(ctx, grad_out):  # grad_out [B, N, O]
         grad_out, features, taus, frequencies, embed_w, embed_b, out_w, ctx.chunk, ctx.dtype)
     grad_w1 = w1_parts.sum(0)  # [d, E]
     grad_b1 = grad_w1[:, 0].clone()  # cos(pi * 0 * tau) = 1: the bias is the first column's twin
-    return (grad_x.to(features.dtype), None, None, grad_w1.to(embed_w.dtype), grad_b1.to(embed_b.dtype),
+    return (grad_x, None, None, grad_w1.to(embed_w.dtype), grad_b1.to(embed_b.dtype),  # grad_x: features' dtype
             w2_parts.sum(0).to(out_w.dtype), b2_parts.sum(0).to(ctx.out_b_dtype), None, None)
 
 

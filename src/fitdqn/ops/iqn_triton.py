@@ -89,14 +89,15 @@ def fused_quantile_grads(grad_out: torch.Tensor, features: torch.Tensor, taus: t
                          frequencies: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor,
                          out_w: torch.Tensor, dtype: torch.dtype
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``grad_out [B, N, O]`` -> grad features ``[B, d]`` and partial sums ``[P, d, E]``, ``[P, O, d]``,
-    ``[P, O]`` of the gradients of embed_w, out_w and out_b, all fp32 (``fitdqn.ops.iqn``)."""
+    """``grad_out [B, N, O]`` -> grad features ``[B, d]`` in the features' dtype (summed in fp32, rounded once at
+    the store) and partial sums ``[P, d, E]``, ``[P, O, d]``, ``[P, O]`` fp32 of the gradients of embed_w, out_w
+    and out_b (``fitdqn.ops.iqn``)."""
     batch, quantiles = taus.shape
     (d_model, embedding), outputs = embed_w.shape, out_w.shape[0]
     geometry = tile_geometry(batch, quantiles)
     programs = geometry.programs
     empty = lambda *shape: torch.empty(shape, device=features.device, dtype=torch.float32)  # noqa: E731
-    grad_x = empty(batch, d_model)  # [B, d]
+    grad_x = torch.empty(batch, d_model, device=features.device, dtype=features.dtype)  # [B, d]
     w1_parts, w2_parts, b2_parts = empty(programs, d_model, embedding), empty(programs, outputs, d_model), \
         empty(programs, outputs)  # [P, d, E], [P, O, d], [P, O]
     if programs == 0 or quantiles == 0:  # no rows: zero gradients, nothing to launch
@@ -245,7 +246,8 @@ def _backward_kernel(
             grad_w1 = tl.dot(tl.trans(d_pre), cos, grad_w1, input_precision=PRECISION)
             grad_w2 = tl.dot(tl.trans(g), (phi * psi).to(COMPUTE), grad_w2, input_precision=PRECISION)
         samples = tile * SAMPLES + tl.arange(0, SAMPLES)
-        tl.store(grad_features_ptr + samples[:, None] * d_model + columns[None, :], grad_psi,
+        tl.store(grad_features_ptr + samples[:, None] * d_model + columns[None, :],
+                 grad_psi.to(grad_features_ptr.dtype.element_ty),
                  mask=(samples < batch)[:, None] & column_ok[None, :])
     tl.store(w1_parts_ptr + program * d_model * embedding + columns[:, None] * embedding + e[None, :], grad_w1,
              mask=column_ok[:, None] & (e[None, :] < embedding))
@@ -301,7 +303,8 @@ def _backward_kernel_t(
             d_pre = tl.where(phi > 0, d_h * psi, 0.0).to(COMPUTE)  # [D, R]: through the product and ReLU
             grad_w1 = tl.dot(d_pre, cos, grad_w1, input_precision=PRECISION)  # [D, E]
         samples = tile * SAMPLES + tl.arange(0, SAMPLES)
-        tl.store(grad_features_ptr + samples[None, :] * d_model + columns[:, None], grad_psi,
+        tl.store(grad_features_ptr + samples[None, :] * d_model + columns[:, None],
+                 grad_psi.to(grad_features_ptr.dtype.element_ty),
                  mask=(samples < batch)[None, :] & column_ok[:, None])
     tl.store(w1_parts_ptr + program * d_model * embedding + columns[:, None] * embedding + e[None, :], grad_w1,
              mask=column_ok[:, None] & (e[None, :] < embedding))
