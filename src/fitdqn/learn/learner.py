@@ -139,7 +139,7 @@ class Learner:
             features = self.online.features(obs)  # [B, d]
             logits = self.online.c51_logits(features)  # [B, br, n, A]
             logits = _take_atoms(logits, action)  # [B, br, A]
-            log_probs = torch.log_softmax(logits.float(), dim=-1)  # [B, br, A]
+            log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # [B, br, A]: one kernel from bf16
             taus = torch.rand(obs.shape[0], self.net_config.iqn_quantiles, device=self.device)  # [B, N]
             quantiles = _take_quantiles(self.online.quantiles(features, taus), action)  # [B, N, br]
             iqn = quantile_huber_loss(quantiles, iqn_target, taus, cfg.kappa, fused=self.fused)  # [B]
@@ -179,7 +179,7 @@ class Learner:
         both = target.features(torch.cat([obs, next_obs]))  # [2B, d]: one pass over s and s'
         target_logits = target.c51_logits(both)  # [2B, br, n, A]
         v_target = target.q_values(_take_atoms(target_logits[:size], action)).mean(-1)  # [B]
-        next_probs = torch.softmax(_take_atoms(target_logits[size:], best).float(), dim=-1)  # [B, br, A]
+        next_probs = torch.softmax(_take_atoms(target_logits[size:], best), dim=-1, dtype=torch.float32)  # [B, br, A]
         taus = torch.rand(size, self.net_config.iqn_quantiles, device=self.device)  # [B, N']
         next_quantiles = _take_quantiles(target.quantiles(both[size:], taus), best)  # [B, N', br]
         rewards = reward  # [B] (or [B, br] below)

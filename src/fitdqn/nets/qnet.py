@@ -58,11 +58,11 @@ class QNetwork(nn.Module):
 
     def q_values(self, logits: torch.Tensor) -> torch.Tensor:
         """C51 means ``[..., atoms] -> [...]`` on the support, in fp32."""
-        return (torch.softmax(logits.float(), dim=-1) * self.support).sum(-1)  # not a matmul: stays fp32
+        return (torch.softmax(logits, dim=-1, dtype=torch.float32) * self.support).sum(-1)  # not a matmul: fp32
 
     def mean_minus_variance(self, logits: torch.Tensor, risk_aversion: float) -> torch.Tensor:
         """C51 mean - ``risk_aversion`` x C51 variance ``[..., atoms] -> [...]`` on the support, in fp32."""
-        probs = torch.softmax(logits.float(), dim=-1)  # [..., atoms]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [..., atoms]
         mean = (probs * self.support).sum(-1)  # [...]
         return mean - risk_aversion * ((probs * self.support.square()).sum(-1) - mean.square())
 
