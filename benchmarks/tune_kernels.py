@@ -7,9 +7,9 @@ slice width, warps, pipeline stages and, for the backward, the kernel ('rows' or
 ``fitdqn.ops.iqn_triton.BACKWARD_KERNEL``) and the number of batch programs P
 (``fitdqn.ops.iqn.WEIGHT_GRAD_PROGRAMS``); for the quantile Huber loss, the kernel ('pairs' or 'rows'), its warps
 and whether the 'rows' loop is unrolled; for the projection, the distributions a program takes and its warps
-(3 branches x batch distributions of 51 atoms). Each backward shape is checked against the first (the partial
-sums are reduced over P; only the summation order may differ), each projection against the first, each Huber
-kernel against the closed form.
+(3 branches x batch distributions of 51 atoms, rewards and discounts per sample). Each backward shape is checked
+against the first (the partial sums are reduced over P; only the summation order may differ), each projection
+against the first, each Huber kernel against the closed form.
 
     PYTHONPATH=src python benchmarks/tune_kernels.py --batch 8192 --out tune_kernels.json
 """
@@ -117,12 +117,13 @@ def main() -> int:
             rows.append({"kernel": "quantile_huber", "variant": kernel, "warps": warps, "unrolled": unroll,
                          "ms": milliseconds(loss, args.reps), "error_vs_closed_form": error})
             print(json.dumps(rows[-1]), flush=True)
-        probs = torch.softmax(randn(batch * 3, 51), dim=-1)
-        positions = (torch.rand(batch * 3, 51, device=device, generator=generator) * 50).sort(dim=-1).values
+        probs = torch.softmax(randn(batch * 3, 51), dim=-1)  # [B * 3 branches, 51 atoms]
+        rewards, discounts = randn(batch) * 5, torch.full((batch,), 0.99**3, device=device)  # [B]: per sample
+        support = torch.linspace(-10.0, 10.0, 51, device=device)
         first_projection = None
         for rows_per_program, warps in PROJECTION_SHAPES if "projection" in kernels else ():
             projection.ROWS, projection.WARPS = rows_per_program, warps
-            project = lambda: projection.fused_projection(probs, positions)  # noqa: E731
+            project = lambda: projection.fused_projection(probs, rewards, discounts, support)  # noqa: E731
             out = project()
             first_projection = out if first_projection is None else first_projection
             rows.append({"kernel": "projection", "rows": rows_per_program, "warps": warps,

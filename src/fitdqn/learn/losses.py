@@ -1,7 +1,10 @@
 """The three losses as plain tensor functions: C51 projection, IQN quantile Huber, IQL expectile; and their
 weighted sum (:func:`weighted_losses`).
 
-No host syncs and no Python branches on tensor values: each runs eagerly and inside a CUDA graph.
+No host syncs and no Python branches on tensor values: each runs eagerly and inside a CUDA graph. With ``fused``,
+C51's projection and the quantile Huber loss are each one operator (:mod:`fitdqn.ops.projection`,
+:mod:`fitdqn.ops.quantile_huber`; a Triton kernel on CUDA): the projection's landing positions are then computed
+inside its kernel, from the rewards, discounts and support as they are.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from fitdqn.ops.projection import project_dense, project_positions
+from fitdqn.ops.projection import atom_positions, project_dense, project_returns
 from fitdqn.ops.quantile_huber import QuantileHuber
 
 
@@ -29,36 +32,30 @@ def categorical_projection(
     The dense hat is deterministic on CUDA (no scatter-add atomics) and runs in fp32 even under autocast (which
     would round the target distribution to bf16, about 3 significant digits).
 
-    ``fused``: run the operator ``fitdqn::categorical_projection`` (:mod:`fitdqn.ops.projection`): on CUDA
-    a Triton kernel that forms the hat in registers and writes only the result; elsewhere the dense form. Else
-    the dense form here, one ``[A, A]`` hat per sample shared by its branches when the rewards are.
+    ``fused``: the whole projection is the operator ``fitdqn::categorical_projection``
+    (:mod:`fitdqn.ops.projection`): on CUDA one Triton kernel that computes the landing positions and the hat in
+    registers and writes only the result; elsewhere the torch maths below. Here only views are made (rewards and
+    discounts ``[B]`` as they are, else ``[B, br]`` views), so on CUDA the projection is one launch; the positions
+    may differ from the torch path's by fp32 rounding (one ulp: :mod:`fitdqn.ops.projection`). Else the torch
+    maths here: the positions (:func:`fitdqn.ops.projection.atom_positions`), then the dense form, one ``[A, A]``
+    hat per sample shared by its branches when the rewards are.
     """
-    atoms = next_probs.shape[-1]
-    positions = _atom_positions(next_probs.dim(), rewards, discounts, support)  # [B, ..., A], 1 where shared
     if not fused:
+        positions = atom_positions(next_probs.dim(), rewards, discounts, support)  # [B, ..., A], 1 where shared
         return project_dense(next_probs, positions)
-    flat_probs = next_probs.to(torch.float32).reshape(-1, atoms).contiguous()  # [R, A]
-    flat_positions = positions.expand(next_probs.shape).reshape(-1, atoms).contiguous()  # [R, A]
-    return project_positions(flat_probs, flat_positions).view(next_probs.shape)
+    lead = next_probs.shape[:-1]  # [B, ...]
+    flat = project_returns(next_probs.reshape(-1, next_probs.shape[-1]), _per_row(rewards, lead),
+                           _per_row(discounts, lead), support)  # [R, A]
+    return flat.view(next_probs.shape)
 
 
-def _atom_positions(dims: int, rewards: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor
-                    ) -> torch.Tensor:
-    """Where each shifted atom lands, in atoms: ``x_j = (clamp(r + discount z_j, v_min, v_max) - v_min) / dz``.
-
-    ``[B, ..., A]`` fp32 with ``dims`` dims, 1 along the dims where rewards and discounts do not vary (small:
-    ``[B, 1, A]`` for rewards ``[B]``). Written ``(r - (1 - discount) v_min) / dz + discount j``, the same
-    maths with j an exact integer, and clamped to [0, A - 1] so that the ends are exact: an atom clamped to
-    v_max sits exactly on atom A - 1 (no mass leaks past the last atom, none onto A - 2).
-    """
-    atoms = support.shape[0]
-    rewards = rewards.to(torch.float32).reshape(rewards.shape + (1,) * (dims - rewards.dim()))
-    discounts = discounts.to(torch.float32).reshape(discounts.shape + (1,) * (dims - discounts.dim()))
-    v_min, v_max = support[0].to(torch.float32), support[-1].to(torch.float32)
-    dz = (v_max - v_min) / (atoms - 1)
-    start = (rewards - (1.0 - discounts) * v_min) / dz  # [B, ..., 1]: where atom 0 lands
-    steps = torch.arange(atoms, device=support.device, dtype=torch.float32)  # [A] (j)
-    return torch.addcmul(start, discounts, steps).clamp_(0.0, atoms - 1.0)  # [B, ..., A]
+def _per_row(values: torch.Tensor, lead: torch.Size) -> torch.Tensor:
+    """Rewards or discounts for :func:`fitdqn.ops.projection.project_returns`: ``[B]`` as they are, else broadcast
+    to the leading dims ``[B, ...]`` and flattened to ``[B, br]`` (a view, stride 0 where they are shared)."""
+    if values.dim() == 1:
+        return values.expand(lead[0])  # [B]
+    values = values.reshape(values.shape + (1,) * (len(lead) - values.dim())).expand(lead)  # [B, ...]
+    return values.reshape(lead[0], lead[1:].numel())  # [B, br]
 
 
 def quantile_huber_loss(

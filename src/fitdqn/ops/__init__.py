@@ -6,7 +6,7 @@ it), and beside it, in ``<op>_triton.py``, the Triton kernel, imported on first 
 - :mod:`fitdqn.ops.attention`: the last-token attention core (``fitdqn::last_token_attention`` and its backward);
 - :mod:`fitdqn.ops.residual_norm`: the attention block's residual add + LayerNorm (``fitdqn::residual_layer_norm``
   and its backward);
-- :mod:`fitdqn.ops.projection`: C51's projection (``fitdqn::categorical_projection``);
+- :mod:`fitdqn.ops.projection`: C51's projection, landing positions included (``fitdqn::categorical_projection``);
 - :mod:`fitdqn.ops.quantile_huber`: IQN's quantile Huber loss (``fitdqn::quantile_huber``);
 - :mod:`fitdqn.ops.prioritized`: prioritized replay's draw (``fitdqn::prioritized_draw``: the stratified descent
   and the importance weights) and priority update (``fitdqn::prioritized_update``, in place);
@@ -28,14 +28,14 @@ from fitdqn.ops.iqn import QuantileHeadFunction, cosine_embedding, iqn_quantile_
 from fitdqn.ops.kernels import FUSED_DTYPES, KERNELS, resolve_kernels, triton_available
 from fitdqn.ops.linear_relu import linear_relu
 from fitdqn.ops.prioritized import prioritized_draw, prioritized_update
-from fitdqn.ops.projection import project_dense, project_positions
+from fitdqn.ops.projection import atom_positions, project_dense, project_returns
 from fitdqn.ops.quantile_huber import QuantileHuber, quantile_huber, quantile_huber_sorted
 from fitdqn.ops.residual_norm import residual_layer_norm
 
 __all__ = [
-    "FUSED_DTYPES", "KERNELS", "QuantileHeadFunction", "QuantileHuber", "cosine_embedding", "gather_in_place_grad",
-    "iqn_quantile_head",
+    "FUSED_DTYPES", "KERNELS", "QuantileHeadFunction", "QuantileHuber", "atom_positions", "cosine_embedding",
+    "gather_in_place_grad", "iqn_quantile_head",
     "last_token_attention", "linear_relu", "prioritized_draw", "prioritized_update", "project_dense",
-    "project_positions", "quantile_huber", "quantile_huber_sorted", "residual_layer_norm", "resolve_kernels",
+    "project_returns", "quantile_huber", "quantile_huber_sorted", "residual_layer_norm", "resolve_kernels",
     "triton_available",
 ]
