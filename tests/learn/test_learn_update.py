@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fitdqn.config import Config, NetConfig
 from fitdqn.learn import OUTPUT_KEYS, Learner
+from fitdqn.learn.losses import weighted_losses
 from fitdqn.nets.c51 import BranchingDuelingC51
 from fitdqn.ops.casts import casts_once
 
@@ -177,6 +178,50 @@ def test_observations_in_the_autocast_dtype_update_as_float32_ones(fused):
         assert torch.equal(outs[0][key], outs[1][key]), key
     for a, b in zip(learners[0].params, learners[1].params, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_the_update_runs_the_weighted_loss_operators_with_the_fused_kernels(kernels):
+    """``net.kernels = 'triton'``: the weighted loss is ``fitdqn::weighted_losses`` and its backward, once each an
+    update; on the update's own inputs both paths give the same gradients and priorities, bit for bit (the CPU
+    kernels), and the same losses within fp32 summation order."""
+    config = small_config(precision="bf16")
+    config = dataclasses.replace(config, net=dataclasses.replace(config.net, kernels=kernels))
+    learner, batch = make_learner(config=config), make_batch(32, config=config)
+    calls = []
+
+    def recorded(*args, fused):
+        calls.append((args, fused))
+        return weighted_losses(*args, fused=fused)
+
+    class Census(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.counts = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.counts[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    census = Census()
+    with mock.patch("fitdqn.learn.learner.weighted_losses", recorded), census:
+        learner.update(batch)
+    assert [fused for _, fused in calls] == [kernels == "triton"]
+    operators = [census.counts[f"fitdqn.weighted_losses{suffix}.default"] for suffix in ("", "_backward")]
+    assert operators == ([1, 1] if kernels == "triton" else [0, 0])
+    c51_target, log_probs, iqn, v, *rest = [arg.detach() if isinstance(arg, torch.Tensor) else arg
+                                            for arg in calls[0][0]]
+    runs = []
+    for fused in (False, True):
+        leaves = [tensor.clone().requires_grad_() for tensor in (log_probs, iqn, v)]
+        loss, means, priorities = weighted_losses(c51_target, *leaves, *rest, fused=fused)
+        loss.backward()
+        runs.append([loss.detach(), means, priorities, *[leaf.grad for leaf in leaves]])
+    for index, (got, expected) in enumerate(zip(*runs, strict=True)):
+        if index < 2:  # the loss and the means: sums over the batch
+            torch.testing.assert_close(got, expected, rtol=2e-6, atol=1e-7)
+        else:
+            assert torch.equal(got, expected), index
 
 
 def _parameter_casts(learner: Learner, batch: dict) -> collections.Counter:

@@ -70,8 +70,8 @@ class Learner:
         self.net_config, self.learn_config = config.net, config.learn
         self.device = torch.device(device)
         self.state_dim = state_dim
-        # the IQN head, the attention core and the quantile Huber loss as fused operators (Triton on CUDA), or
-        # the chunked head, the elementwise attention and the closed form
+        # the IQN head, the attention core, the quantile Huber loss and the weighted loss as fused operators
+        # (Triton on CUDA), or the chunked head, the elementwise attention, the closed form and the torch lines
         self.fused = resolve_kernels(config.net.kernels, self.device.type) == "triton"
         with self.device:  # built in place on the device (no .to(): also works under FakeTensorMode)
             self.online = QNetwork(config.net, state_dim, self.fused)
@@ -144,9 +144,10 @@ class Learner:
             quantiles = _take_quantiles(self.online.quantiles(features, taus), action)  # [B, N, br]
             iqn = quantile_huber_loss(quantiles, iqn_target, taus, cfg.kappa, fused=self.fused)  # [B]
             v = self.value(obs[:, -1])  # [B]
-        # c51 + w iqn + w iql, importance-weighted (fp32, as one autograd function: fitdqn.learn.losses)
+        # c51 + w iqn + w iql, importance-weighted (fp32, as one autograd function: fitdqn.learn.losses; fused: an
+        # operator each way, fitdqn.ops.weighted_losses)
         loss, means, priorities = weighted_losses(c51_target, log_probs, iqn, v, v_target, weight, self.loss_weights,
-                                                  cfg.iql_expectile)
+                                                  cfg.iql_expectile, fused=self.fused)
         loss.backward()
         self._keep_gradients()
         if self.gradient_sync is not None:

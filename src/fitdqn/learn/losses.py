@@ -15,6 +15,7 @@ import torch
 
 from fitdqn.ops.projection import atom_positions, project_dense, project_returns
 from fitdqn.ops.quantile_huber import QuantileHuber
+from fitdqn.ops.weighted_losses import FusedWeightedLosses
 
 
 @torch.no_grad()
@@ -106,7 +107,7 @@ class WeightedLosses(NamedTuple):
 
 def weighted_losses(
     c51_target: torch.Tensor, log_probs: torch.Tensor, iqn: torch.Tensor, v: torch.Tensor, v_target: torch.Tensor,
-    weight: torch.Tensor, loss_weights: torch.Tensor, expectile: float,
+    weight: torch.Tensor, loss_weights: torch.Tensor, expectile: float, fused: bool = False,
 ) -> WeightedLosses:
     """The update's loss: ``mean_B(weight * (c51 + w_iqn * iqn + w_iql * iql))``, with its three parts' weighted
     means and the C51 priorities, as one autograd function.
@@ -119,12 +120,19 @@ def weighted_losses(
 
     Written by hand because autograd's version of these few lines is 37 ops, most on ``[B]`` vectors (the three
     means, the sum, the expectile's pieces and each one's backward; a CPU census of the update's aten ops), each a
-    kernel launch of a few microseconds in the update's graph; here the forward is 12 and the backward 8.
-    Everything runs in fp32, outside autocast.
+    kernel launch of a few microseconds in the update's graph; here the forward is 12 and the backward 7 (fp32
+    ``iqn`` and ``v``; bf16 ones add their two casts each way). Everything runs in fp32, outside autocast.
+
+    ``fused``: run the operators ``fitdqn::weighted_losses`` and its backward instead
+    (:mod:`fitdqn.ops.weighted_losses`): on CUDA one Triton kernel each way, so the forward is 3 launches (the
+    kernel, the sum of its per-program partial sums, the dot with ``loss_weights``) and the backward 1; elsewhere
+    the same maths in torch. The same operations in the same order: the gradients are this path's bit for bit,
+    the priorities and means differ by fp32 summation order (the priorities not at all on the CPU).
     """
+    function = FusedWeightedLosses if fused else _WeightedLosses
     with torch.autocast(log_probs.device.type, enabled=False):
-        return WeightedLosses(*_WeightedLosses.apply(c51_target, log_probs, iqn, v, v_target, weight, loss_weights,
-                                                     float(expectile)))
+        return WeightedLosses(*function.apply(c51_target, log_probs, iqn, v, v_target, weight, loss_weights,
+                                              float(expectile)))
 
 
 class _WeightedLosses(torch.autograd.Function):

@@ -8,6 +8,8 @@ it), and beside it, in ``<op>_triton.py``, the Triton kernel, imported on first 
   and its backward);
 - :mod:`fitdqn.ops.projection`: C51's projection, landing positions included (``fitdqn::categorical_projection``);
 - :mod:`fitdqn.ops.quantile_huber`: IQN's quantile Huber loss (``fitdqn::quantile_huber``);
+- :mod:`fitdqn.ops.weighted_losses`: the update's weighted sum of the three losses, with the C51 priorities
+  (``fitdqn::weighted_losses`` and its backward);
 - :mod:`fitdqn.ops.prioritized`: prioritized replay's draw (``fitdqn::prioritized_draw``: the stratified descent
   and the importance weights) and priority update (``fitdqn::prioritized_update``, in place);
 - :mod:`fitdqn.ops.sum_tree`: the sum tree's ancestor rebuild (in place; a plain function, not an operator);
@@ -31,11 +33,11 @@ from fitdqn.ops.prioritized import prioritized_draw, prioritized_update
 from fitdqn.ops.projection import atom_positions, project_dense, project_returns
 from fitdqn.ops.quantile_huber import QuantileHuber, quantile_huber, quantile_huber_sorted
 from fitdqn.ops.residual_norm import residual_layer_norm
+from fitdqn.ops.weighted_losses import FusedWeightedLosses
 
 __all__ = [
-    "FUSED_DTYPES", "KERNELS", "QuantileHeadFunction", "QuantileHuber", "atom_positions", "cosine_embedding",
-    "gather_in_place_grad", "iqn_quantile_head",
-    "last_token_attention", "linear_relu", "prioritized_draw", "prioritized_update", "project_dense",
-    "project_returns", "quantile_huber", "quantile_huber_sorted", "residual_layer_norm", "resolve_kernels",
-    "triton_available",
+    "FUSED_DTYPES", "FusedWeightedLosses", "KERNELS", "QuantileHeadFunction", "QuantileHuber", "atom_positions",
+    "cosine_embedding", "gather_in_place_grad", "iqn_quantile_head", "last_token_attention", "linear_relu",
+    "prioritized_draw", "prioritized_update", "project_dense", "project_returns", "quantile_huber",
+    "quantile_huber_sorted", "residual_layer_norm", "resolve_kernels", "triton_available",
 ]
