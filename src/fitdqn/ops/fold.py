@@ -97,7 +97,8 @@ def check_layout(value_weight: torch.Tensor, value_bias: torch.Tensor, adv_weigh
 
 def _layout(branches: Sequence[int], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """valid ``[br, n, 1]`` (1 on valid sub-actions) and divisor ``[br, n, 1]`` (``-n_d``; ``-inf`` on padded ones,
-    whose ``x`` and sum are zero: ``x + sum / -inf`` is zero there too), as the head's buffers."""
+    whose ``x`` and sum are zero: ``x + sum / -inf`` is zero there too), as the head's buffers. Built each call
+    from the static layout: a host-to-device copy on CUDA, where only the fp64 fallback runs this maths."""
     n = max(branches)
     valid = [[1.0] * size + [0.0] * (n - size) for size in branches]
     divisor = [[-float(size)] * size + [-float("inf")] * (n - size) for size in branches]
