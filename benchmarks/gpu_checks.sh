@@ -5,6 +5,8 @@
 #   OUT=results_dir bash benchmarks/gpu_checks.sh sweep    # emulated cards 1.7 .. 80 GiB (about 5 min)
 #   OUT=results_dir bash benchmarks/gpu_checks.sh ballast  # the same cards, emulated by a ballast process
 #   OUT=results_dir bash benchmarks/gpu_checks.sh speed    # update times, kernel launch shapes, graph pool (about 4 min)
+#   OUT=results_dir bash benchmarks/gpu_checks.sh pair REF # the update at git REF and at the working tree, in turn,
+#                                                            twice (about 2 min): a change's speed on a noisy GPU
 #
 # Logs and JSON go to $OUT (default gpu_results/). Run from the repository root with fitdqn importable
 # (installed, or PYTHONPATH=src). Each step has its own time limit, so one slow step cannot take the others down.
@@ -22,12 +24,12 @@ case "${1:-}" in
     tail -25 "$out/gpu_tests.log" ;;
   sweep)
     step "budget sweep"
-    timeout 560 python3 benchmarks/budget_sweep.py --cards 1.7,4,8,16,24,40,80 --total-seconds 540 \
+    timeout 560 python3 benchmarks/budget_sweep.py --cards 1.7,2.5,4,8,16,24,40,80 --total-seconds 540 \
       --card-timeout 80 --out "$out/budget_sweep.json" > "$out/budget_sweep.log" 2>&1
     tail -14 "$out/budget_sweep.log" ;;
   ballast)
     step "budget sweep, ballast emulation"
-    timeout 560 python3 benchmarks/budget_sweep.py --cards 1.7,4,8,16,24,40,80 --emulation ballast \
+    timeout 560 python3 benchmarks/budget_sweep.py --cards 1.7,2.5,4,8,16,24,40,80 --emulation ballast \
       --total-seconds 540 --card-timeout 80 --out "$out/budget_sweep_ballast.json" > "$out/budget_sweep_ballast.log" 2>&1
     tail -14 "$out/budget_sweep_ballast.log" ;;
   speed)
@@ -42,7 +44,21 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/graph_pool_check.py --modes expandable --batches 1024,4096,8192,16384,32768 \
       --out "$out/graph_pool.json" > "$out/graph_pool.log" 2>&1
     tail -8 "$out/graph_pool.log" ;;
+  pair)
+    ref=$(git rev-parse --short "${2:?usage: gpu_checks.sh pair REF}") || exit 2
+    step "update at $ref and at the working tree, in turn"
+    base=$(mktemp -d)
+    git archive "$ref" src benchmarks | tar -x -C "$base"
+    for round in 1 2; do
+      FITDQN_COMMIT=$ref PYTHONPATH="$base/src:$PYTHONPATH" timeout 90 python3 "$base/benchmarks/update_vs_compile.py" \
+        --modes fitdqn --iters 100 --profile-batch 0 --out "$out/update_${ref}_$round.json" > "$out/update_${ref}_$round.log" 2>&1
+      grep "^fitdqn" "$out/update_${ref}_$round.log" | tail -3
+      timeout 90 python3 benchmarks/update_vs_compile.py --modes fitdqn --iters 100 --profile-batch 0 \
+        --out "$out/update_head_$round.json" > "$out/update_head_$round.log" 2>&1
+      grep "^fitdqn" "$out/update_head_$round.log" | tail -3
+    done
+    rm -rf "$base" ;;
   *)
-    echo "usage: OUT=dir bash benchmarks/gpu_checks.sh tests|sweep|ballast|speed" >&2
+    echo "usage: OUT=dir bash benchmarks/gpu_checks.sh tests|sweep|ballast|speed|pair REF" >&2
     exit 2 ;;
 esac

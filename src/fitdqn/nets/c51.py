@@ -32,6 +32,12 @@ each) forward and 7 backward. Autograd through the same maths in plain ops
 (5, 5, 5) branches and 51 atoms, about 13 and 32 kernels: most of the backward undid the slices and pads of the
 parameters, a zero fill and a copy each. An update runs the online network's fold forward and backward once and
 the target's forward once: 25 ops where there were 44.
+
+With the fused kernel set the fold is the operator ``fitdqn::folded_output`` (:mod:`fitdqn.ops.fold`) instead: on
+CUDA one Triton launch per branch forward, each writing every column of its branch's rows (zeros included: no fill),
+and one per branch plus one for the value layer backward; at three branches 3 + 3 + 4 = 10 launches an update where
+FoldedOutput takes 25. On the CPU its kernels are FoldedOutput's ops (the same bits); FoldedOutput stays the torch
+kernel set's fold and the operator's test oracle.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from torch.autograd.function import once_differentiable
 
 from fitdqn.nets.groups import tag
 from fitdqn.ops.casts import derived_once
+from fitdqn.ops.fold import folded_output
 from fitdqn.ops.linear import linear
 from fitdqn.ops.linear_relu import linear_relu
 
@@ -127,7 +134,13 @@ class BranchingDuelingC51(nn.Module):
         return derived_once(self, self._fold)
 
     def _fold(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """:class:`FoldedOutput` on this head's output layers."""
+        """The fold of this head's output layers: with the fused kernel set the operator ``fitdqn::folded_output``
+        (:mod:`fitdqn.ops.fold`; on CUDA ``br`` Triton launches forward, ``br + 1`` backward), else
+        :class:`FoldedOutput` (plain ATen ops, what ``fitdqn export`` traces)."""
+        if self.fused:
+            return folded_output(self.value.weight, self.value.bias, [layer.weight for layer in self.advantages],
+                                 [layer.bias for layer in self.advantages], self.branches, self.atoms,
+                                 self.padding_rows)
         return FoldedOutput.apply(self, self.value.weight, self.value.bias,
                                   *[layer.weight for layer in self.advantages],
                                   *[layer.bias for layer in self.advantages])

@@ -6,6 +6,8 @@ it), and beside it, in ``<op>_triton.py``, the Triton kernel, imported on first 
 - :mod:`fitdqn.ops.attention`: the last-token attention core (``fitdqn::last_token_attention`` and its backward);
 - :mod:`fitdqn.ops.residual_norm`: the attention block's residual add + LayerNorm (``fitdqn::residual_layer_norm``
   and its backward);
+- :mod:`fitdqn.ops.fold`: the C51 head's fold of its value and advantage output layers into one linear map
+  (``fitdqn::folded_output`` and its backward);
 - :mod:`fitdqn.ops.projection`: C51's projection, landing positions included (``fitdqn::categorical_projection``);
 - :mod:`fitdqn.ops.quantile_huber`: IQN's quantile Huber loss (``fitdqn::quantile_huber``);
 - :mod:`fitdqn.ops.weighted_losses`: the update's weighted sum of the three losses, with the C51 priorities
@@ -25,6 +27,7 @@ operator.
 """
 
 from fitdqn.ops.attention import last_token_attention
+from fitdqn.ops.fold import folded_output
 from fitdqn.ops.gather import gather_in_place_grad
 from fitdqn.ops.iqn import QuantileHeadFunction, cosine_embedding, iqn_quantile_head
 from fitdqn.ops.kernels import FUSED_DTYPES, KERNELS, resolve_kernels, triton_available
@@ -37,7 +40,7 @@ from fitdqn.ops.weighted_losses import FusedWeightedLosses
 
 __all__ = [
     "FUSED_DTYPES", "FusedWeightedLosses", "KERNELS", "QuantileHeadFunction", "QuantileHuber", "atom_positions",
-    "cosine_embedding", "gather_in_place_grad", "iqn_quantile_head", "last_token_attention", "linear_relu",
-    "prioritized_draw", "prioritized_update", "project_dense", "project_returns", "quantile_huber",
+    "cosine_embedding", "folded_output", "gather_in_place_grad", "iqn_quantile_head", "last_token_attention",
+    "linear_relu", "prioritized_draw", "prioritized_update", "project_dense", "project_returns", "quantile_huber",
     "quantile_huber_sorted", "residual_layer_norm", "resolve_kernels", "triton_available",
 ]
