@@ -22,6 +22,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from attention_interpreter import error, run_module_case  # next to this script
+from attention_interpreter import use_triton_on_cpu as use_attention_triton_on_cpu
 
 # (name, batch, d_model, dtype, strided residual)
 CASES = [
@@ -44,18 +46,12 @@ MODULE_CASES = [
 
 
 def use_triton_on_cpu() -> None:
-    from fitdqn.ops import attention, attention_triton, residual_norm, residual_norm_triton
+    """This operator's kernels and the attention core's (the module cases run both) as their CPU kernels."""
+    from fitdqn.ops import residual_norm, residual_norm_triton
 
     residual_norm.residual_layer_norm_op.register_kernel("cpu", residual_norm_triton.fused_residual_norm)
     residual_norm.residual_layer_norm_backward.register_kernel("cpu", residual_norm_triton.fused_residual_norm_grads)
-    attention.last_token_attention.register_kernel("cpu", attention_triton.fused_attention)
-    attention.last_token_attention_backward.register_kernel("cpu", attention_triton.fused_attention_grads)
-
-
-def error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    scale = reference.double().abs().max().item() if reference.numel() else 0.0
-    difference = (value.double() - reference.double()).abs().max().item() if reference.numel() else 0.0
-    return difference / scale if scale > 0 else difference
+    use_attention_triton_on_cpu()
 
 
 def inputs(batch, d_model, dtype, strided):
@@ -101,9 +97,7 @@ def run_case(name, batch, d_model, dtype_name, strided):
 def main() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.ops.residual_norm_triton" in sys.modules:
         raise SystemExit("run with TRITON_INTERPRET=1 in a fresh process")
-    # next to this script: the module's cases (here through both operators' kernels) and the bf16 patches
-    from attention_interpreter import run_module_case
-    from iqn_interpreter import patch_interpreter_bf16
+    from iqn_interpreter import patch_interpreter_bf16  # next to this script: the bf16 patches
 
     patch_interpreter_bf16()
     use_triton_on_cpu()

@@ -3,7 +3,7 @@ import pytest
 from fitdqn.config import BudgetConfig
 from fitdqn.device import load_profiles, match_profile, what_if
 from fitdqn.memory import Component
-from fitdqn.plan.planner import InfeasiblePlan, make_plan, next_traced_batch
+from fitdqn.plan.planner import BatchSearch, InfeasiblePlan, make_plan
 
 GIB = 2**30
 
@@ -131,20 +131,21 @@ def test_a_small_replay_caps_the_planned_auto_batch(tmp_path):
     assert any("no GPU profile matches 'NVIDIA L4'" in note for note in plan.notes)
 
 
-def test_the_next_traced_batch_steps_under_misses_and_halves_wide_brackets():
-    def after_fit(proposal, fitted, missed=None, misses=0):
-        return next_traced_batch(proposal, fitted, missed, misses, last_fitted=True, converged=0.01)
+def test_the_batch_search_steps_under_misses_and_halves_wide_brackets():
+    def search(fitted=None, missed=None, misses=0):
+        return BatchSearch(0.01, fitted, missed, misses)
 
-    def after_miss(proposal, fitted, missed, misses=1):
-        return next_traced_batch(proposal, fitted, missed, misses, last_fitted=False, converged=0.01)
-
-    assert after_fit(1200, fitted=1000) == 1200  # the model's guess
-    assert after_fit(1005, fitted=1000) is None  # gains < 1 %
+    assert search().next(1000, True, 1200) == 1200  # the model's guess
+    assert search().next(1000, True, 1005) is None  # gains < 1 %
     # just under a miss: a quarter of the tolerance under it, twice that after two misses
-    assert after_miss(999, fitted=None, missed=1000) == 997
-    assert after_miss(999, fitted=None, missed=1000, misses=2) == 995
-    assert after_miss(999, fitted=900, missed=1000) == 997
-    assert after_miss(905, fitted=900, missed=1000) == 905  # above the fit: traced, however little it gains
-    assert after_fit(1100, fitted=990, missed=1000) is None  # held under the miss: < 1 % over the fit
-    assert after_miss(880, fitted=900, missed=1000) == 950  # no more than the fit: a wide bracket halved
-    assert after_miss(980, fitted=995, missed=1000) is None  # a narrow one: done
+    assert search().next(1000, False, 999) == 997
+    assert search(missed=1000, misses=1).next(1000, False, 999) == 995
+    assert search(fitted=900).next(1000, False, 999) == 997
+    assert search(fitted=900).next(1000, False, 905) == 905  # above the fit: traced, however little it gains
+    assert search(missed=1000, misses=1).next(990, True, 1100) is None  # held under the miss: < 1 % over the fit
+    assert search(fitted=900).next(1000, False, 880) == 950  # no more than the fit: a wide bracket halved
+    assert search(fitted=995).next(1000, False, 980) is None  # a narrow one: done
+    state = search()
+    state.next(900, True, 1000)
+    state.next(1000, False, 999)
+    assert (state.fitted, state.missed, state.misses) == (900, 1000, 1)  # what the traces said, kept

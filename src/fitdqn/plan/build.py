@@ -67,7 +67,7 @@ from fitdqn.memory.trace import (
     line_above,
 )
 from fitdqn.nets.groups import MEMORY_GROUPS, parameter_groups
-from fitdqn.plan.planner import InfeasiblePlan, Plan, make_plan, next_traced_batch
+from fitdqn.plan.planner import BatchSearch, InfeasiblePlan, Plan, make_plan
 from fitdqn.plan.replay_share import ReplayTooSmall, replay_component
 from fitdqn.plan.trace_cache import (
     TraceCache,
@@ -665,12 +665,12 @@ def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, pr
     Round k plans with components in proportion to a trace at ``B_k``, exact at ``B_k``: the plan's batch
     ``P_k`` is at least ``B_k`` exactly when the traced step at ``B_k`` (with its modelled graph pool) fits.
     The next anchor is ``P_k``, kept under any anchor that missed
-    (:func:`fitdqn.plan.planner.next_traced_batch`); the answer is the largest anchor that fitted, stopping when
+    (:class:`fitdqn.plan.planner.BatchSearch`); the answer is the largest anchor that fitted, stopping when
     the next one would move it by less than ``AUTO_REFINE_CONVERGED``. Never larger than an anchor that was
     checked: what lies beyond it is only extrapolated. If no anchor fitted within ``AUTO_REFINE_ROUNDS`` (each
     round that misses lowers the next anchor), the smaller of the lines' batch and the last candidate is kept, and a
     note says so."""
-    anchor, fitted, missed, misses = plan.batch_size, None, None, 0
+    anchor, fitted, search = plan.batch_size, None, BatchSearch(AUTO_REFINE_CONVERGED)
     for _ in range(AUTO_REFINE_ROUNDS):
         components, capacity = build_components(config, device, inputs, anchor)
         candidate = make_plan(device, profile, config.budget, components, capacity,
@@ -678,10 +678,7 @@ def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, pr
         fits = candidate.max_fitting_batch is not None and candidate.max_fitting_batch >= anchor
         if fits and (fitted is None or anchor > fitted[0]):
             fitted = (anchor, candidate)
-        if not fits:
-            missed, misses = anchor if missed is None else min(missed, anchor), misses + 1
-        proposal = next_traced_batch(candidate.batch_size, fitted and fitted[0], missed, misses, fits,
-                                     AUTO_REFINE_CONVERGED)
+        proposal = search.next(anchor, fits, candidate.batch_size)
         if proposal is None:
             break
         anchor = proposal

@@ -199,24 +199,39 @@ def make_plan(
     )
 
 
-def next_traced_batch(proposal: int, fitted: int | None, missed: int | None, misses: int, last_fitted: bool,
-                      converged: float) -> int | None:
-    """The next batch a search for the largest fitting batch traces, or None when the search is done.
+@dataclass
+class BatchSearch:
+    """The search for the largest batch whose traced need fits: which batch to trace next, from what each trace
+    said. Shared by the auto batch (``fitdqn.plan.build.refine_auto_batch``) and the OOM guard's re-plan
+    (``fitdqn.train.oom.fitting_batch``).
 
-    ``proposal``: the batch the last trace says fits, in proportion to that trace (``last_fitted``: whether that
-    trace fitted); ``fitted``: the largest batch whose trace fitted so far; ``missed``: the smallest whose trace
-    did not (None: none yet), ``misses`` traces having missed. In proportion, a trace just over the room proposes
-    a batch just under itself, while the update graph's pool, mapped in whole pages, stays flat over thousands of
-    samples: so the next batch steps under the smallest miss by at least ``converged / 4``, twice that after two
-    misses, and so on (else the search creeps down a few samples a round and never fits). Done when a fitting
-    trace proposes less than ``converged`` more, or a miss proposes no more than the fitted batch and the bracket
-    between them is at most twice ``converged`` wide (a wider one has its middle traced)."""
-    if missed is not None:
-        proposal = min(proposal, int(missed * (1 - converged / 4 * 2 ** (misses - 1))))
-    if fitted is None:
+    Each trace is exact at its own batch and proposes the batch that fits in proportion to it. A trace just over
+    the room proposes a batch just under itself, while the update graph's pool, mapped in whole pages, stays flat
+    over thousands of samples: so the next batch steps under the smallest miss by at least ``converged / 4``,
+    twice that after two misses, and so on (else the search creeps down a few samples a round and never fits).
+    Done when a fitting trace proposes less than ``converged`` more, or a miss proposes no more than the largest
+    fit and the bracket between them is at most twice ``converged`` wide (a wider one has its middle traced)."""
+
+    converged: float
+    fitted: int | None = None  # the largest batch whose trace fitted
+    missed: int | None = None  # the smallest batch whose trace did not
+    misses: int = 0
+
+    def next(self, batch: int, fits: bool, proposal: int) -> int | None:
+        """Record the trace at ``batch`` (``fits``: whether its need fits) and its ``proposal``; the batch to
+        trace next, or None when the search is done."""
+        if fits:
+            self.fitted = batch if self.fitted is None else max(self.fitted, batch)
+        else:
+            self.missed = batch if self.missed is None else min(self.missed, batch)
+            self.misses += 1
+        if self.missed is not None:  # under the smallest miss, by a step that doubles with each miss
+            proposal = min(proposal, int(self.missed * (1 - self.converged / 4 * 2 ** (self.misses - 1))))
+        if self.fitted is None:
+            return proposal
+        if fits and proposal <= self.fitted * (1 + self.converged):
+            return None
+        if proposal <= self.fitted:
+            return None if self.missed - self.fitted <= 2 * self.converged * self.fitted \
+                else (self.fitted + self.missed) // 2
         return proposal
-    if last_fitted and proposal <= fitted * (1 + converged):
-        return None
-    if proposal <= fitted:
-        return None if missed - fitted <= 2 * converged * fitted else (fitted + missed) // 2
-    return proposal

@@ -27,7 +27,7 @@ from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 from fitdqn.memory.component import ComponentName
 from fitdqn.plan.build import PlanInputs, build_components
-from fitdqn.plan.planner import next_traced_batch
+from fitdqn.plan.planner import BatchSearch
 
 REPLAN_ROUNDS = 4  # traced candidates per re-plan (as budget.build.refine_auto_batch)
 REPLAN_CONVERGED = 0.01  # stop when the next candidate would move the batch by less than this fraction
@@ -123,21 +123,18 @@ def fitting_batch(need: Callable[[int], int], room: int, below: int, per_sample_
                   min_batch: int) -> int | None:
     """The largest batch under ``below`` whose traced ``need(batch)`` fits in ``room``, or None below
     ``min_batch``. The first candidate is ``room / per_sample_guess``; each next one is what the last trace says
-    fits (each check is exact at its own batch; kept under a miss as :func:`fitdqn.plan.planner.next_traced_batch`
+    fits (each check is exact at its own batch; kept under a miss as :class:`fitdqn.plan.planner.BatchSearch`
     says), stopping when that moves it by less than ``REPLAN_CONVERGED``."""
-    candidate, fitted, missed, misses = min(below, room // per_sample_guess), None, None, 0
+    candidate, search = min(below, room // per_sample_guess), BatchSearch(REPLAN_CONVERGED)
     for _ in range(REPLAN_ROUNDS):
         if candidate is None or candidate < min_batch:
             break
         needed = need(candidate)
-        if needed <= room:
-            fitted = max(fitted or 0, candidate)
-            if candidate >= below:
-                break
-        else:
-            missed, misses = candidate if missed is None else min(missed, candidate), misses + 1
-        fits = candidate * room // max(needed, 1)  # in proportion to the trace at the candidate
-        candidate = next_traced_batch(min(below, fits), fitted, missed, misses, needed <= room, REPLAN_CONVERGED)
-    if fitted is None and below >= min_batch and need(min_batch) <= room:
+        in_proportion = min(below, candidate * room // max(needed, 1))  # what the trace at the candidate says fits
+        proposal = search.next(candidate, needed <= room, in_proportion)
+        if needed <= room and candidate >= below:  # the old batch fits again: nothing larger is asked
+            break
+        candidate = proposal
+    if search.fitted is None and below >= min_batch and need(min_batch) <= room:
         return min_batch  # the rounds overshot each time: the smallest batch allowed, checked by its own trace
-    return fitted
+    return search.fitted
