@@ -183,10 +183,11 @@ def test_folded_output_function_equals_the_plain_fold_with_the_same_gradients(br
         assert torch.all(grads[2 + len(branches) + index][n * atoms:] == 0)
 
 
+@pytest.mark.parametrize("fused", [False, True])  # FoldedOutput, and the fitdqn::folded_output operator
 @pytest.mark.parametrize("branches", [(5, 5, 5), (3, 5, 2)])
-def test_folded_output_function_without_a_graph_and_under_autocast(branches):
+def test_folded_output_without_a_graph_and_under_autocast(branches, fused):
     torch.manual_seed(0)
-    head = BranchingDuelingC51(16, 8, branches, 11)
+    head = BranchingDuelingC51(16, 8, branches, 11, fused=fused)
     _output_layers(head)
     expected_weight, expected_bias = head._fold_reference()
     with torch.no_grad():  # the target network's pass

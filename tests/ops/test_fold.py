@@ -105,21 +105,6 @@ def test_operators_pass_opcheck():
                            params[0].shape[0], [p.shape[0] for p in params[2:2 + br]]))
 
 
-@pytest.mark.parametrize("branches", [(5, 5, 5), (3, 5, 2)])
-def test_operator_without_a_graph_and_under_autocast(branches):
-    head = head_with_random_layers(branches, 11, 8, fused=True)
-    expected_weight, expected_bias = head._fold_reference()
-    with torch.no_grad():  # the target network's pass
-        weight, bias = head._fold()
-    assert weight.grad_fn is None and not weight.requires_grad and not bias.requires_grad
-    torch.testing.assert_close(weight, expected_weight, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(bias, expected_bias, rtol=1e-6, atol=1e-6)
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 parameters: the fold stays in fp32
-        weight, bias = head._fold()
-    assert weight.dtype == bias.dtype == torch.float32
-    torch.testing.assert_close(weight, expected_weight, rtol=1e-6, atol=1e-6)
-
-
 def test_operator_rejects_a_layout_its_parameters_do_not_fit():
     head = head_with_random_layers((3, 5, 2), 7, 8)
     params = output_layers(head)
