@@ -16,7 +16,7 @@ OUT=${OUT:-results}
 RUNS=${RUNS:-$OUT/runs}
 mkdir -p "$OUT" "$RUNS"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 FITDQN_CACHE_DIR=/tmp/fitdqn_learning_cache
-export FITDQN_COMMIT=${FITDQN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export FITDQN_COMMIT=${FITDQN_COMMIT:-$(PYTHONPATH=src python3 -c "from fitdqn.provenance import code_commit; print(code_commit())")}
 L="python3 benchmarks/learning.py run"
 start=$(date +%s)
 # seed 0 alone, with a cold plan/trace cache (a first run's wall time, tracing included)

@@ -21,7 +21,7 @@ VARIANT=${VARIANT:?set VARIANT, e.g. VARIANT=market.position_sizing=volatility}
 BASE=${BASE:-}
 mkdir -p "$OUT" "$RUNS"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 FITDQN_CACHE_DIR=/tmp/fitdqn_variant_cache
-export FITDQN_COMMIT=${FITDQN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export FITDQN_COMMIT=${FITDQN_COMMIT:-$(PYTHONPATH=src python3 -c "from fitdqn.provenance import code_commit; print(code_commit())")}
 sets=()
 for kv in $VARIANT; do sets+=(--set "$kv"); done
 base_sets=()
