@@ -14,6 +14,7 @@ from fitdqn.nets.attention import LastTokenAttention
 from fitdqn.nets.c51 import BranchingDuelingC51
 from fitdqn.nets.iqn import IQNHead
 from fitdqn.nets.trunk import TokenMLP
+from fitdqn.ops.c51_means import c51_means, expected_values
 
 
 class QNetwork(nn.Module):
@@ -27,6 +28,7 @@ class QNetwork(nn.Module):
 
     def __init__(self, net: NetConfig, state_dim: int, fused: bool = False) -> None:
         super().__init__()
+        self.fused = fused
         self.branches = tuple(net.branches)
         self.max_n = max(self.branches)
         self.uniform = all(n == self.max_n for n in self.branches)
@@ -57,8 +59,11 @@ class QNetwork(nn.Module):
         return self.c51(features)
 
     def q_values(self, logits: torch.Tensor) -> torch.Tensor:
-        """C51 means ``[..., atoms] -> [...]`` on the support, in fp32."""
-        return (torch.softmax(logits, dim=-1, dtype=torch.float32) * self.support).sum(-1)  # not a matmul: fp32
+        """C51 means ``[..., atoms] -> [...]`` on the support, in fp32: fused, the ``fitdqn::c51_means`` operator
+        (no autograd: where a gradient is wanted, the torch form)."""
+        if self.fused and not (torch.is_grad_enabled() and logits.requires_grad):
+            return c51_means(logits, self.support)
+        return expected_values(logits, self.support)
 
     def mean_minus_variance(self, logits: torch.Tensor, risk_aversion: float) -> torch.Tensor:
         """C51 mean - ``risk_aversion`` x C51 variance ``[..., atoms] -> [...]`` on the support, in fp32."""

@@ -8,6 +8,7 @@ it), and beside it, in ``<op>_triton.py``, the Triton kernel, imported on first 
   and its backward);
 - :mod:`fitdqn.ops.fold`: the C51 head's fold of its value and advantage output layers into one linear map
   (``fitdqn::folded_output`` and its backward);
+- :mod:`fitdqn.ops.c51_means`: C51's expected values, softmax and sum over the atoms (``fitdqn::c51_means``);
 - :mod:`fitdqn.ops.projection`: C51's projection, landing positions included (``fitdqn::categorical_projection``);
 - :mod:`fitdqn.ops.quantile_huber`: IQN's quantile Huber loss (``fitdqn::quantile_huber``);
 - :mod:`fitdqn.ops.weighted_losses`: the update's weighted sum of the three losses, with the C51 priorities
@@ -27,6 +28,7 @@ operator.
 """
 
 from fitdqn.ops.attention import last_token_attention
+from fitdqn.ops.c51_means import c51_means
 from fitdqn.ops.fold import folded_output
 from fitdqn.ops.gather import gather_in_place_grad
 from fitdqn.ops.iqn import QuantileHeadFunction, cosine_embedding, iqn_quantile_head
@@ -40,7 +42,8 @@ from fitdqn.ops.weighted_losses import FusedWeightedLosses
 
 __all__ = [
     "FUSED_DTYPES", "FusedWeightedLosses", "KERNELS", "QuantileHeadFunction", "QuantileHuber", "atom_positions",
-    "cosine_embedding", "folded_output", "gather_in_place_grad", "iqn_quantile_head", "last_token_attention",
-    "linear_relu", "prioritized_draw", "prioritized_update", "project_dense", "project_returns", "quantile_huber",
-    "quantile_huber_sorted", "residual_layer_norm", "resolve_kernels", "triton_available",
+    "c51_means", "cosine_embedding", "folded_output", "gather_in_place_grad", "iqn_quantile_head",
+    "last_token_attention", "linear_relu", "prioritized_draw", "prioritized_update", "project_dense",
+    "project_returns", "quantile_huber", "quantile_huber_sorted", "residual_layer_norm", "resolve_kernels",
+    "triton_available",
 ]

@@ -4,11 +4,12 @@ import of their Triton modules.
 ``'triton'``: the fused operators of :mod:`fitdqn.ops`, each a PyTorch custom op with Triton kernels on CUDA and
 plain maths elsewhere: the IQN head (``fitdqn::iqn_quantile_head``), the attention core
 (``fitdqn::last_token_attention``) and its residual add + LayerNorm (``fitdqn::residual_layer_norm``), the quantile
-Huber loss (``fitdqn::quantile_huber``), C51's projection (``fitdqn::categorical_projection``), the C51 head's fold
-(``fitdqn::folded_output``) and the update's weighted loss (``fitdqn::weighted_losses``). ``'torch'``: plain
-PyTorch ops: the chunked IQN head, the elementwise attention with ``nn.LayerNorm``, the closed-form loss, the dense
-projection, the fold as ``FoldedOutput`` and the weighted loss's torch lines. ``'auto'``: Triton for a CUDA device
-where Triton is installed, else torch.
+Huber loss (``fitdqn::quantile_huber``), C51's expected values (``fitdqn::c51_means``) and projection
+(``fitdqn::categorical_projection``), the C51 head's fold (``fitdqn::folded_output``) and the update's weighted
+loss (``fitdqn::weighted_losses``). ``'torch'``: plain PyTorch ops: the chunked IQN head, the elementwise attention
+with ``nn.LayerNorm``, the closed-form loss, the means as softmax, product and sum, the dense projection, the fold
+as ``FoldedOutput`` and the weighted loss's torch lines. ``'auto'``: Triton for a CUDA device where Triton is
+installed, else torch.
 
 Triton is optional (it ships with PyTorch's Linux CUDA wheels, not with the CPU ones): every ``*_triton`` module
 of this package imports it at its top, and is itself imported only on first use, by :func:`triton_module`.
