@@ -137,6 +137,28 @@ def test_update_variants_run_and_stay_finite(options):
         torch.testing.assert_close(out["loss"], expected)
 
 
+def test_observation_noise_is_the_update_on_noised_copies_of_the_batch():
+    """learn.obs_noise: the update equals the plain update of obs + std * randn and next_obs + std * randn drawn
+    first from the same generator state; the caller's batch is left as it was."""
+    batch = make_batch(32, seed=4)
+    kept = {key: value.clone() for key, value in batch.items()}
+    noisy_learner = make_learner(seed=3, config=small_config(obs_noise=0.3))
+    torch.manual_seed(5)
+    noisy = noisy_learner.update(batch)
+    for key in batch:
+        assert torch.equal(batch[key], kept[key]), key
+
+    plain_learner = make_learner(seed=3)
+    torch.manual_seed(5)
+    noised = {**batch, "obs": batch["obs"] + 0.3 * torch.randn_like(batch["obs"])}
+    noised["next_obs"] = batch["next_obs"] + 0.3 * torch.randn_like(batch["next_obs"])
+    plain = plain_learner.update(noised)  # the generator continues where the noise left it, as in the update
+    for key in plain:
+        torch.testing.assert_close(noisy[key], plain[key], rtol=0, atol=0, msg=key)
+    clean = make_learner(seed=3).update(batch)
+    assert not torch.equal(clean["loss"], noisy["loss"])
+
+
 def test_iql_in_target_changes_the_td_target():
     outs = []
     for flag in (False, True):

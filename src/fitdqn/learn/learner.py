@@ -131,6 +131,9 @@ class Learner:
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cfg = self.learn_config
+        if cfg.obs_noise > 0:  # fresh noise each update: no training bar's features are seen exactly twice
+            batch = {**batch, "obs": _noisy(batch["obs"], cfg.obs_noise),
+                     "next_obs": _noisy(batch["next_obs"], cfg.obs_noise)}
         obs, action, weight = batch["obs"], batch["action"], batch["weight"]  # [B, W, S], [B, br], [B]
         for p in self.params:  # backward writes each gradient afresh: no zeroing pass, no accumulating add
             p.grad = None
@@ -274,6 +277,11 @@ class Learner:
         self.optimizer.step()  # zero gradients: moments stay 0 and parameters do not move
         for slots in self.optimizer.state.values():
             slots["step"].zero_()
+
+
+def _noisy(obs: torch.Tensor, std: float) -> torch.Tensor:
+    """``obs [B, W, S]`` + N(0, std^2) noise, in the observations' dtype."""
+    return obs + std * torch.randn_like(obs)
 
 
 def _take_atoms(logits: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
