@@ -15,11 +15,9 @@ grad q at W = 1), the reference in fp64 from the same (rounded) inputs.
 from __future__ import annotations
 
 import copy
-import json
-import os
-import sys
 
 import torch
+from triton_interpreter import interpreted_main  # next to this script
 
 # (name, batch, window, d_model, heads, dtype, strided inputs)
 CASES = [
@@ -108,17 +106,11 @@ def run_module_case(name, batch, window, d_model, heads, dtype_name):
             "today": {key: error(value, ref) for key, value, ref in zip(MODULE_RESULTS, today, oracle, strict=True)}}
 
 
-def main() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.ops.attention_triton" in sys.modules:
-        raise SystemExit("run with TRITON_INTERPRET=1 in a fresh process")
-    from iqn_interpreter import patch_interpreter_bf16  # next to this script
-
-    patch_interpreter_bf16()
-    use_triton_on_cpu()
+def run_cases() -> dict:
     results = {case[0]: run_case(*case) for case in CASES}
     results.update({case[0]: run_module_case(*case) for case in MODULE_CASES})
-    print(json.dumps(results))
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    interpreted_main("fitdqn.ops.attention_triton", run_cases, use_triton_on_cpu)

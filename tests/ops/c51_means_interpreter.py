@@ -5,9 +5,8 @@
 
 from __future__ import annotations
 
-import json
-
 import torch
+from triton_interpreter import interpreted_main  # next to this script
 
 from fitdqn.ops.c51_means import expected_values
 
@@ -32,7 +31,7 @@ def reference(logits, support):
     return (probs * support.double()).sum(-1)
 
 
-def main() -> None:
+def run_cases() -> dict:
     from fitdqn.ops.c51_means_triton import fused_means  # imports triton: only in this script's own process
 
     results = {}
@@ -47,8 +46,8 @@ def main() -> None:
             "torch": float((out - expected_values(logits, support)).abs().max()) if out.numel() else 0.0,
             "size": float(exact.abs().max()) if out.numel() else 0.0,
         }
-    print(json.dumps(results))
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    interpreted_main("fitdqn.ops.c51_means_triton", run_cases, bf16=False)

@@ -18,11 +18,9 @@ every element the fp64 maths makes exactly zero (padded sub-actions, padding row
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import sys
 
 import torch
+from triton_interpreter import interpreted_main  # next to this script
 
 # (name, branches, atoms, hidden, dtype): padding rows 3, 3, 7, 7, 0, 0, 7
 CASES = [
@@ -166,17 +164,11 @@ def run_module_case() -> dict:
     return {key: error(got, ref) for key, got, ref in zip(MODULE_RESULTS, *results, strict=True)}
 
 
-def main() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.ops.fold_triton" in sys.modules:
-        raise SystemExit("run with TRITON_INTERPRET=1 in a fresh process")
-    from iqn_interpreter import patch_interpreter_bf16  # next to this script
-
-    patch_interpreter_bf16()
-    use_triton_on_cpu()
+def run_cases() -> dict:
     results = {case[0]: run_case(*case) for case in CASES}
     results["module"] = run_module_case()
-    print(json.dumps(results))
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    interpreted_main("fitdqn.ops.fold_triton", run_cases, use_triton_on_cpu)

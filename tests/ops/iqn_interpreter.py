@@ -1,25 +1,17 @@
 """The fused IQN head's Triton kernels on the CPU, under Triton's interpreter: run as a script by
 ``test_iqn_fused.py`` (``python iqn_interpreter.py`` with ``TRITON_INTERPRET=1``), prints one JSON line.
 
-Why a separate process: Triton reads ``TRITON_INTERPRET`` when a kernel is *defined* (``@triton.jit``
-returns an interpreted function only if it is set then), and the setting holds for the whole process; the
-test process must keep the compiled kernels for its CUDA tests and never redefines them.
-
 In this process the Triton launchers are registered as the *CPU* kernels of ``fitdqn::iqn_quantile_head`` and
 its backward op, so ``IQNHead(fused=True)`` runs operator, autograd and kernels end to end on CPU tensors.
-Two gaps of the interpreter (Triton 3.x) are patched to behave as the GPU does: it multiplies the raw bits of
-bf16 ``tl.dot`` operands (triton-lang/triton#11584: bf16 arithmetic is unsupported there), and it casts fp32
-to bf16 by truncation where the GPU rounds to nearest even.
+The interpreter's bf16 is patched to round as the GPU does (``triton_interpreter.patch_interpreter_bf16``).
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import os
-import sys
 
 import torch
+from triton_interpreter import interpreted_main  # next to this script
 
 # (name, batch, quantiles, d_model, embedding, outputs, compute dtype, backward programs (None: default))
 CASES = [
@@ -46,32 +38,6 @@ FEATURE_CASES = [
     ("bf16-features-B7-N32", 7, 32, 256, 64, 15),
     ("bf16-features-B19-N8-small", 19, 8, 16, 8, 15),
 ]
-
-
-def patch_interpreter_bf16() -> None:
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    create_dot, cast_impl = builder.create_dot, builder.cast_impl
-
-    def as_fp32(handle):
-        if handle.dtype.scalar != tl.bfloat16:
-            return handle
-        values = interpreter._convert_float(handle.data, tl.bfloat16, tl.float32, None).view(np.float32)
-        return interpreter.TensorHandle(values, tl.float32)
-
-    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return create_dot(self, as_fp32(a), as_fp32(b), d, input_precision, max_num_imprecise_acc)
-
-    def cast(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:  # round to nearest even
-            bits = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16).view(torch.int16)
-            return interpreter.TensorHandle(bits.numpy().view(np.uint16), tl.bfloat16)
-        return cast_impl(self, src, dst_type)
-
-    builder.create_dot, builder.cast_impl = dot, cast
 
 
 def use_triton_on_cpu() -> None:
@@ -155,15 +121,11 @@ def run_features_case(name, batch, quantiles, d_model, embedding, outputs):
             "op_grad_features_dtype": str(op_grads[0].dtype), "grad_features_dtype": str(fused[1].dtype)}
 
 
-def main() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.ops.iqn_triton" in sys.modules:
-        raise SystemExit("run with TRITON_INTERPRET=1 in a fresh process")
-    patch_interpreter_bf16()
-    use_triton_on_cpu()
+def run_cases() -> dict:
     results = {case[0]: run_case(*case) for case in CASES}
     results.update({case[0]: run_features_case(*case) for case in FEATURE_CASES})
-    print(json.dumps(results))
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    interpreted_main("fitdqn.ops.iqn_triton", run_cases, use_triton_on_cpu)

@@ -2,18 +2,14 @@
 ``test_prioritized_fused.py`` (``python prioritized_interpreter.py`` with ``TRITON_INTERPRET=1``), prints one JSON
 line.
 
-Why a separate process: as for ``iqn_interpreter.py``, Triton reads ``TRITON_INTERPRET`` when a kernel is
-*defined*, and the setting holds for the whole process. Here the Triton launchers are called directly on CPU
+Here the Triton launchers are called directly on CPU
 tensors, beside the torch maths of :mod:`fitdqn.ops.prioritized` on copies of the same tree.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-
 import torch
+from triton_interpreter import interpreted_main  # next to this script
 
 # (name, leaves, fanout, batch, zero share): the tree's depth is 1, 3, 5, 6 and 4 levels
 CASES = [
@@ -67,11 +63,9 @@ def run_case(name, leaves, fanout, batch, zero_share):
             "leaf_error": leaf_error, "node_error": node_error, "max_error": abs(max_priority.item() - ref_max.item())}
 
 
-def main() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.ops.prioritized_triton" in sys.modules:
-        raise SystemExit("run with TRITON_INTERPRET=1 in a fresh process")
-    print(json.dumps({case[0]: run_case(*case) for case in CASES}))
+def run_cases() -> dict:
+    return {case[0]: run_case(*case) for case in CASES}
 
 
 if __name__ == "__main__":
-    main()
+    interpreted_main("fitdqn.ops.prioritized_triton", run_cases, bf16=False)

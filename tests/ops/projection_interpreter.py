@@ -21,12 +21,11 @@ wider tensor, a bf16 one), against the torch path.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
 import torch
+from triton_interpreter import interpreted_main  # next to this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
 
@@ -152,15 +151,12 @@ def use_triton_on_cpu() -> None:
     projection.project_returns.register_kernel("cpu", projection_triton.fused_projection)
 
 
-def main() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.ops.projection_triton" in sys.modules:
-        raise SystemExit("run with TRITON_INTERPRET=1 in a fresh process")
-    use_triton_on_cpu()
+def run_cases() -> dict:
     results = {case[0]: run_case(*case) for case in CASES}
     results.update({case[0]: run_hat_case(*case) for case in HAT_CASES})
     results["strided"] = run_strided()
-    print(json.dumps(results))
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    interpreted_main("fitdqn.ops.projection_triton", run_cases, use_triton_on_cpu, bf16=False)

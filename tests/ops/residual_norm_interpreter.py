@@ -16,14 +16,11 @@ bf16 output is bf16).
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-
 import torch
 import torch.nn.functional as F
 from attention_interpreter import error, run_module_case  # next to this script
 from attention_interpreter import use_triton_on_cpu as use_attention_triton_on_cpu
+from triton_interpreter import interpreted_main  # next to this script
 
 # (name, batch, d_model, dtype, strided residual)
 CASES = [
@@ -94,17 +91,11 @@ def run_case(name, batch, d_model, dtype_name, strided):
             "grad_dtypes": [str(grad.dtype) for grad in grads]}
 
 
-def main() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.ops.residual_norm_triton" in sys.modules:
-        raise SystemExit("run with TRITON_INTERPRET=1 in a fresh process")
-    from iqn_interpreter import patch_interpreter_bf16  # next to this script: the bf16 patches
-
-    patch_interpreter_bf16()
-    use_triton_on_cpu()
+def run_cases() -> dict:
     results = {case[0]: run_case(*case) for case in CASES}
     results.update({case[0]: run_module_case(*case) for case in MODULE_CASES})
-    print(json.dumps(results))
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    interpreted_main("fitdqn.ops.residual_norm_triton", run_cases, use_triton_on_cpu)

@@ -8,16 +8,13 @@ Why a separate process: as for ``iqn_interpreter.py``, Triton reads ``TRITON_INT
 In this process the Triton launchers are registered as the *CPU* kernels of ``fitdqn::weighted_losses`` and its
 backward op, so ``weighted_losses(..., fused=True)`` runs operator, autograd function and kernels end to end on CPU
 tensors; ``fused=False`` is the torch path, the oracle. The interpreter's fp32 -> bf16 cast is patched to round to
-nearest even as the GPU does (``iqn_interpreter.patch_interpreter_bf16``).
+nearest even as the GPU does (``triton_interpreter.patch_interpreter_bf16``).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-
 import torch
+from triton_interpreter import interpreted_main  # next to this script
 
 # (name, batch, branches, atoms, dtype of iqn and v, strided inputs)
 CASES = [
@@ -98,15 +95,9 @@ def run_case(name, batch, branches, atoms, dtype_name, strided):
             "forward": described(forward), "backward": described(backward)}
 
 
-def main() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" or "fitdqn.ops.weighted_losses_triton" in sys.modules:
-        raise SystemExit("run with TRITON_INTERPRET=1 in a fresh process")
-    from iqn_interpreter import patch_interpreter_bf16  # next to this script
-
-    patch_interpreter_bf16()
-    use_triton_on_cpu()
-    print(json.dumps({case[0]: run_case(*case) for case in CASES}))
+def run_cases() -> dict:
+    return {case[0]: run_case(*case) for case in CASES}
 
 
 if __name__ == "__main__":
-    main()
+    interpreted_main("fitdqn.ops.weighted_losses_triton", run_cases, use_triton_on_cpu)
