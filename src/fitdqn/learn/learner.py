@@ -6,6 +6,8 @@ graph (``fitdqn.device.graphs.capture_graph``, the fast path).
 
 What one update does, in order:
 
+0. ``learn.obs_noise`` > 0: ``obs`` and ``next_obs`` become copies with fresh Gaussian noise of that standard
+   deviation (a regulariser against memorising the training bars); everything below reads the copies.
 1. Targets, under ``no_grad`` (nothing kept for backward):
    - double DQN: the online net's C51 means on ``next_obs`` pick ``a*`` per branch; the target net gives
      the C51 distribution of ``a*`` on ``next_obs``, projected onto the support after ``r + discount * z``
