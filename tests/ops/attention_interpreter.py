@@ -18,6 +18,7 @@ import copy
 
 import torch
 from triton_interpreter import interpreted_main  # next to this script
+from triton_interpreter import relative_error as error
 
 # (name, batch, window, d_model, heads, dtype, strided inputs)
 CASES = [
@@ -46,12 +47,6 @@ def use_triton_on_cpu() -> None:
 
     attention.last_token_attention.register_kernel("cpu", attention_triton.fused_attention)
     attention.last_token_attention_backward.register_kernel("cpu", attention_triton.fused_attention_grads)
-
-
-def error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    scale = reference.double().abs().max().item() if reference.numel() else 0.0
-    difference = (value.double() - reference.double()).abs().max().item() if reference.numel() else 0.0
-    return difference / scale if scale > 0 else difference
 
 
 def inputs(batch, window, d_model, dtype, strided):

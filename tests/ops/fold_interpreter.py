@@ -21,6 +21,7 @@ import contextlib
 
 import torch
 from triton_interpreter import interpreted_main  # next to this script
+from triton_interpreter import relative_error as error
 
 # (name, branches, atoms, hidden, dtype): padding rows 3, 3, 7, 7, 0, 0, 7
 CASES = [
@@ -114,12 +115,6 @@ def maths(value_weight, value_bias, adv_weights, adv_biases, branches, atoms, pa
     widths = [w.shape[0] for w in adv_weights]
     grads = fold_grads(grad_weight, grad_bias, branches, atoms, value_weight.shape[0], widths)
     return weight, bias, grads, len(branches)
-
-
-def error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    scale = reference.double().abs().max().item()
-    difference = (value.double() - reference.double()).abs().max().item()
-    return difference / scale if scale > 0 else difference
 
 
 def run_case(name, branches, atoms, hidden, dtype_name):

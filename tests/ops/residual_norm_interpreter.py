@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from attention_interpreter import error, run_module_case  # next to this script
+from attention_interpreter import run_module_case  # next to this script
 from attention_interpreter import use_triton_on_cpu as use_attention_triton_on_cpu
 from triton_interpreter import interpreted_main  # next to this script
+from triton_interpreter import relative_error as error
 
 # (name, batch, d_model, dtype, strided residual)
 CASES = [

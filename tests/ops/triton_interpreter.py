@@ -32,6 +32,16 @@ def run_under_interpreter(script: Path, timeout: float = 600) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """The largest ``|value - reference|`` over the largest ``|reference|`` (absolute where the reference is all
+    zero; 0 for empty tensors), in float64."""
+    if not reference.numel():
+        return 0.0
+    scale = reference.double().abs().max().item()
+    difference = (value.double() - reference.double()).abs().max().item()
+    return difference / scale if scale > 0 else difference
+
+
 def patch_interpreter_bf16() -> None:
     """Two gaps of the interpreter (Triton 3.x) patched to behave as the GPU does: it multiplies the raw bits of
     bf16 ``tl.dot`` operands (triton-lang/triton#11584: bf16 arithmetic is unsupported there), and it casts fp32

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 from triton_interpreter import interpreted_main  # next to this script
+from triton_interpreter import relative_error as error
 
 # (name, batch, branches, atoms, dtype of iqn and v, strided inputs)
 CASES = [
@@ -35,12 +36,6 @@ def use_triton_on_cpu() -> None:
 
     weighted_losses.weighted_losses_op.register_kernel("cpu", weighted_losses_triton.fused_weighted_losses)
     weighted_losses.weighted_losses_backward.register_kernel("cpu", weighted_losses_triton.fused_weighted_losses_grads)
-
-
-def error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    scale = reference.double().abs().max().item() if reference.numel() else 0.0
-    difference = (value.double() - reference.double()).abs().max().item() if reference.numel() else 0.0
-    return difference / scale if scale > 0 else difference
 
 
 def inputs(batch, branches, atoms, dtype, strided):
