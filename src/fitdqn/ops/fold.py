@@ -31,13 +31,14 @@ once backward. The Triton kernels (:mod:`fitdqn.ops.fold_triton`) write every el
 zero fill): ``br`` launches forward (one per branch, each writing all columns of its branch's rows; the last one
 the padding rows too) and ``br + 1`` backward (one per branch for its layer's gradients, one for the value layer's).
 
-Kernels: on CUDA the Triton kernels when every tensor is bf16, fp16 or fp32 (:data:`FUSED_DTYPES`) and the layout's
-valid sub-actions fit the value kernel's bit mask (:func:`triton_takes`); everywhere else (and for fp64) the same
-maths in torch (:func:`fold_maths`, :func:`fold_grads`): FoldedOutput's ops in its order, so the CPU kernels give
-its bits. The Triton kernels sum sub-actions in order (``a = 0, 1, ..``; the value gradient over ``(d, a)`` in
-order), which is the CPU's order at some shapes and not at others: equal to FoldedOutput to a few ulps, not bit for
-bit. The fake kernels allocate exactly what the launchers and the CPU kernels return: the weight and bias (two
-tensors), and one gradient tensor per parameter in that parameter's shape.
+Kernels: on CUDA the Triton kernels when every tensor is bf16, fp16 or fp32
+(:data:`fitdqn.ops.kernels.FUSED_DTYPES`) and the layout's valid sub-actions fit the value kernel's bit mask
+(:func:`triton_takes`); everywhere else (and for fp64) the same maths in torch (:func:`fold_maths`,
+:func:`fold_grads`): FoldedOutput's ops in its order, so the CPU kernels give its bits. The Triton kernels sum
+sub-actions in order (``a = 0, 1, ..``; the value gradient over ``(d, a)`` in order), which is the CPU's order at
+some shapes and not at others: equal to FoldedOutput to a few ulps, not bit for bit. The fake kernels allocate
+exactly what the launchers and the CPU kernels return: the weight and bias (two tensors), and one gradient tensor
+per parameter in that parameter's shape.
 
 Autograd: :func:`torch.library.register_autograd` on ``fitdqn::folded_output``; its backward calls the backward op
 and hands the list's parts to the list arguments.
@@ -49,7 +50,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fitdqn.ops.kernels import FUSED_DTYPES, triton_module
+from fitdqn.ops.kernels import triton_dtypes, triton_module
 
 VALID_BITS = 63  # the value-gradient kernel's bit mask of valid (branch, sub-action) pairs: br * max_n at most
 
@@ -71,7 +72,7 @@ def valid_mask(branches: Sequence[int]) -> int:
 
 def triton_takes(branches: Sequence[int], *tensors: torch.Tensor) -> bool:
     """Whether the Triton kernels take these dtypes and this layout (else the torch maths runs, on any device)."""
-    return all(t.dtype in FUSED_DTYPES for t in tensors) and len(branches) * max(branches) <= VALID_BITS
+    return triton_dtypes(*tensors) and len(branches) * max(branches) <= VALID_BITS
 
 
 def check_layout(value_weight: torch.Tensor, value_bias: torch.Tensor, adv_weights: Sequence[torch.Tensor],

@@ -46,7 +46,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from fitdqn.ops.kernels import FUSED_DTYPES, triton_module
+from fitdqn.ops.kernels import FUSED_DTYPES, next_power_of_2, triton_dtypes, triton_module
 
 TILE_ROWS = 64  # (sample, quantile) rows per Triton tile
 WEIGHT_GRAD_PROGRAMS = 128  # programs along the batch in backward (x the d slices: 8 at d = 256)
@@ -63,7 +63,7 @@ class TileGeometry(NamedTuple):
 
 
 def tile_geometry(batch: int, quantiles: int) -> TileGeometry:
-    block = min(1 << max(quantiles - 1, 0).bit_length(), TILE_ROWS)
+    block = min(next_power_of_2(quantiles), TILE_ROWS)
     samples = TILE_ROWS // block
     tiles = -(-batch // samples)
     return TileGeometry(block, samples, -(-quantiles // block), tiles, min(WEIGHT_GRAD_PROGRAMS, tiles))
@@ -75,7 +75,7 @@ def _triton():
 
 def fused_kernel_takes(features: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether the Triton kernels take these dtypes (else the chunked maths runs, on any device)."""
-    return dtype in FUSED_DTYPES and features.dtype in FUSED_DTYPES
+    return dtype in FUSED_DTYPES and triton_dtypes(features)
 
 
 # ---------------------------------------------------------------------------------------------- chunked maths

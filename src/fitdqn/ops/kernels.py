@@ -30,6 +30,17 @@ KERNELS = ("auto", "triton", "torch")
 FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # the dtypes the Triton kernels take
 
 
+def triton_dtypes(*tensors: torch.Tensor) -> bool:
+    """Whether the Triton kernels take these tensors' dtypes (:data:`FUSED_DTYPES`; else an operator runs its torch
+    maths, on any device)."""
+    return all(tensor.dtype in FUSED_DTYPES for tensor in tensors)
+
+
+def next_power_of_2(size: int) -> int:
+    """``size`` rounded up to a power of two (Triton's ``next_power_of_2``; 1 for 0): a tile axis, on the host."""
+    return 1 << max(size - 1, 0).bit_length()
+
+
 def triton_available() -> bool:
     """Whether the ``triton`` package is installed (it ships with PyTorch's Linux CUDA wheels)."""
     return importlib.util.find_spec("triton") is not None

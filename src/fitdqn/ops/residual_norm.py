@@ -48,19 +48,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fitdqn.ops.kernels import FUSED_DTYPES, triton_module
+from fitdqn.ops.kernels import next_power_of_2, triton_dtypes, triton_module
 
 TILE_ELEMENTS = 4096  # rows x padded columns of one program's tile: 64 rows at d = 64, 16 at d = 256
 
 
-def padded_width(d_model: int) -> int:
-    """The tile's columns: ``d_model`` rounded up to a power of two (Triton's ``next_power_of_2``)."""
-    return 1 << max(d_model - 1, 0).bit_length()
-
-
 def row_block(d_model: int) -> int:
     """Rows a program owns: a power of two, the tile about ``TILE_ELEMENTS`` numbers (at least one row)."""
-    return max(1, TILE_ELEMENTS // padded_width(d_model))
+    return max(1, TILE_ELEMENTS // next_power_of_2(d_model))
 
 
 def programs(batch: int, d_model: int) -> int:
@@ -75,11 +70,6 @@ def accumulate_dtype(x: torch.Tensor) -> torch.dtype:
 
 def _triton():
     return triton_module("fitdqn.ops.residual_norm_triton")
-
-
-def triton_takes(*tensors: torch.Tensor) -> bool:
-    """Whether the Triton kernels take these dtypes (else the torch maths runs, on any device)."""
-    return all(tensor.dtype in FUSED_DTYPES for tensor in tensors)
 
 
 def check_shapes(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
@@ -137,7 +127,7 @@ def residual_layer_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torc
 @residual_layer_norm_op.register_kernel("cuda")
 def _norm_cuda(x, residual, weight, bias, eps):
     check_shapes(x, residual, weight, bias)
-    if not triton_takes(x, residual, weight, bias):
+    if not triton_dtypes(x, residual, weight, bias):
         return residual_norm_maths(x, residual, weight, bias, eps)
     return _triton().fused_residual_norm(x, residual, weight, bias, eps)
 
@@ -162,7 +152,7 @@ def residual_layer_norm_backward(grad_out: torch.Tensor, total: torch.Tensor, me
 
 @residual_layer_norm_backward.register_kernel("cuda")
 def _grads_cuda(grad_out, total, mean, rstd, weight):
-    if not triton_takes(grad_out, total, weight):
+    if not triton_dtypes(grad_out, total, weight):
         return residual_norm_grads(grad_out, total, mean, rstd, weight)
     return _triton().fused_residual_norm_grads(grad_out, total, mean, rstd, weight)
 

@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fitdqn.ops.kernels import on_device
-from fitdqn.ops.residual_norm import padded_width, programs, row_block
+from fitdqn.ops.kernels import next_power_of_2, on_device
+from fitdqn.ops.residual_norm import programs, row_block
 
 # Launch shapes, not tuned (no GPU timing yet): 4 warps hold a 4096-number tile as 32 numbers a thread, each tile
 # row as 16-byte vectors at d = 256 in bf16.
@@ -78,7 +78,7 @@ def fused_residual_norm_grads(grad_out: torch.Tensor, total: torch.Tensor, mean:
 
 def _blocks(d_model: int) -> dict:
     """The tile's constexprs: BLOCK_M rows x BLOCK_D columns (both powers of two)."""
-    block_d = padded_width(d_model)
+    block_d = next_power_of_2(d_model)
     return dict(BLOCK_M=row_block(d_model), BLOCK_D=block_d, PADDED=block_d != d_model)
 
 

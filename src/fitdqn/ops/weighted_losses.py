@@ -50,20 +50,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fitdqn.ops.kernels import FUSED_DTYPES, triton_module
+from fitdqn.ops.kernels import FUSED_DTYPES, next_power_of_2, triton_dtypes, triton_module
 
 TILE_ELEMENTS = 4096  # samples x padded branches x padded atoms of one program's tile: 16 samples at br 3, A 51
 PARTS = 3  # the partial sums' columns: C51, IQN, IQL
 
 
-def padded(size: int) -> int:
-    """``size`` rounded up to a power of two (Triton's ``next_power_of_2``; 1 for 0): a tile axis."""
-    return 1 << max(size - 1, 0).bit_length()
-
-
 def sample_block(branches: int, atoms: int) -> int:
     """Samples a program owns: a power of two, the tile about ``TILE_ELEMENTS`` numbers (at least one sample)."""
-    return max(1, TILE_ELEMENTS // (padded(branches) * padded(atoms)))
+    return max(1, TILE_ELEMENTS // (next_power_of_2(branches) * next_power_of_2(atoms)))
 
 
 def programs(batch: int, branches: int, atoms: int) -> int:
@@ -78,11 +73,6 @@ def accumulate_dtype(c51_target: torch.Tensor) -> torch.dtype:
 
 def _triton():
     return triton_module("fitdqn.ops.weighted_losses_triton")
-
-
-def triton_takes(*tensors: torch.Tensor) -> bool:
-    """Whether the Triton kernels take these dtypes (else the torch maths runs, on any device)."""
-    return all(tensor.dtype in FUSED_DTYPES for tensor in tensors)
 
 
 def check_shapes(c51_target: torch.Tensor, log_probs: torch.Tensor, *vectors: torch.Tensor) -> None:
@@ -148,7 +138,7 @@ def weighted_losses_op(c51_target: torch.Tensor, log_probs: torch.Tensor, iqn: t
 @weighted_losses_op.register_kernel("cuda")
 def _losses_cuda(c51_target, log_probs, iqn, v, v_target, weight, expectile):
     check_shapes(c51_target, log_probs, iqn, v, v_target, weight)
-    if not triton_takes(c51_target, log_probs, iqn, v, v_target, weight):
+    if not triton_dtypes(c51_target, log_probs, iqn, v, v_target, weight):
         return loss_parts(c51_target, log_probs, iqn, v, v_target, weight, expectile)
     return _triton().fused_weighted_losses(c51_target, log_probs, iqn, v, v_target, weight, expectile)
 
@@ -177,7 +167,7 @@ def weighted_losses_backward(grad_loss: torch.Tensor, c51_target: torch.Tensor, 
 
 @weighted_losses_backward.register_kernel("cuda")
 def _grads_cuda(grad_loss, c51_target, v, v_target, weight, loss_weights, expectile, iqn_dtype):
-    if not triton_takes(grad_loss, c51_target, v, v_target, weight, loss_weights) or iqn_dtype not in FUSED_DTYPES:
+    if not triton_dtypes(grad_loss, c51_target, v, v_target, weight, loss_weights) or iqn_dtype not in FUSED_DTYPES:
         return loss_grads(grad_loss, c51_target, v, v_target, weight, loss_weights, expectile, iqn_dtype)
     return _triton().fused_weighted_losses_grads(grad_loss, c51_target, v, v_target, weight, loss_weights, expectile,
                                                  iqn_dtype)

@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fitdqn.ops.kernels import on_device
-from fitdqn.ops.weighted_losses import PARTS, padded, programs, sample_block
+from fitdqn.ops.kernels import next_power_of_2, on_device
+from fitdqn.ops.weighted_losses import PARTS, programs, sample_block
 
 # Launch shapes, not tuned (no GPU timing yet): 4 warps hold a 4096-number tile as 32 numbers a thread.
 FORWARD_WARPS, BACKWARD_WARPS = 4, 4
@@ -91,7 +91,8 @@ def _scalars(batch: int, branches: int, expectile: float) -> dict:
 
 def _blocks(branches: int, atoms: int) -> dict:
     """The tile's constexprs: BLOCK_B samples x BLOCK_BR branches x BLOCK_A atoms (powers of two)."""
-    return dict(BLOCK_B=sample_block(branches, atoms), BLOCK_BR=padded(branches), BLOCK_A=padded(atoms))
+    return dict(BLOCK_B=sample_block(branches, atoms), BLOCK_BR=next_power_of_2(branches),
+                BLOCK_A=next_power_of_2(atoms))
 
 
 @triton.jit
