@@ -85,17 +85,20 @@ def test_fused_path_under_autocast_runs_in_fp32():
     assert_matches_the_torch_path(fused, losses_and_grads(False, *tensors), exact_priorities=True)
 
 
-def test_partial_sums_are_each_programs_samples():
+def test_partial_sums_are_each_programs_samples_in_its_first_row():
     batch, branches, atoms = 37, 3, 51
     c51_target, log_probs, iqn, v, v_target, weight, loss_weights = inputs(batch, branches, atoms)
     priorities, partial_sums = weighted_losses_op(c51_target, log_probs, iqn, v, v_target, weight, EXPECTILE)
-    assert partial_sums.shape == (programs(batch, branches, atoms), 3) == (3, 3)
+    assert partial_sums.shape == (batch, 3)
     diff = v_target - v
     iql = torch.where(diff < 0, 1 - EXPECTILE, EXPECTILE) * diff * diff
     per_sample = torch.stack([priorities, iqn, iql], 1) * (weight / batch).unsqueeze(1)  # [B, 3]
     rows = sample_block(branches, atoms)
-    for program, sums in enumerate(partial_sums):
-        torch.testing.assert_close(sums, per_sample[program * rows:(program + 1) * rows].sum(0))
+    assert (rows, programs(batch, branches, atoms)) == (16, 3)
+    for program in range(3):
+        block = slice(program * rows, (program + 1) * rows)
+        torch.testing.assert_close(partial_sums[block][0], per_sample[block].sum(0))
+        assert not partial_sums[block][1:].any()  # the program's other rows are zeros
 
 
 def test_fused_gradients_pass_gradcheck_in_fp64():
@@ -178,7 +181,7 @@ def outputs(batch, branches, atoms, dtype, target_dtype, fake):
 def test_fake_kernels_allocate_what_the_cpu_kernels_return(batch, branches, atoms, dtype, target_dtype):
     real = outputs(batch, branches, atoms, dtype, target_dtype, fake=False)
     assert outputs(batch, branches, atoms, dtype, target_dtype, fake=True) == real
-    assert real == [[((batch,), target_dtype), ((programs(batch, branches, atoms), 3), target_dtype)],
+    assert real == [[((batch,), target_dtype), ((batch, 3), target_dtype)],
                     [((batch, branches, atoms), target_dtype), ((batch,), dtype), ((batch,), dtype)]]
 
 
@@ -190,7 +193,8 @@ def test_programs_tile_about_4096_numbers():
 def test_the_cpu_maths_cut_the_partial_sums_by_programs():
     tensors = inputs(300, 3, 7)
     priorities, partial_sums = loss_parts(*tensors[:-1], EXPECTILE)
-    assert partial_sums.shape == (3, 3)  # 128 samples a program
+    assert partial_sums.shape == (300, 3)
+    assert partial_sums.any(1).nonzero().flatten().tolist() == [0, 128, 256]  # 128 samples a program
     torch.testing.assert_close(partial_sums.sum(0), losses_and_grads(False, *tensors)[1], rtol=2e-6, atol=1e-7)
 
 
@@ -211,12 +215,12 @@ def test_triton_kernels_under_the_interpreter_match_the_torch_path(interpreted, 
         got, expected = result["dtypes"][key]
         assert got == expected, key
     assert result["partial_sums_error"] <= 1e-6  # each program's sums, as the CPU kernel cuts them
-    # the launchers allocate what the fake kernels (and the CPU kernels) do, P included
+    # the launchers allocate what the fake kernels (and the CPU kernels) do: one row of partial sums a sample
     dtype = getattr(torch, dtype_name)
     launched = [[(tuple(shape), getattr(torch, kind.removeprefix("torch."))) for shape, kind
                  in zip(result[op]["shapes"], result[op]["dtypes"], strict=True)] for op in ("forward", "backward")]
     assert launched == outputs(batch, branches, atoms, dtype, torch.float32, fake=True)
-    assert launched[0][1][0] == (programs(batch, branches, atoms), 3)
+    assert launched[0][1][0] == (batch, 3)
 
 
 def test_launch_geometry():

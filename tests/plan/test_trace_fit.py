@@ -9,7 +9,7 @@ import torch
 from fitdqn.config import Config
 from fitdqn.device import what_if
 from fitdqn.device.probe import DeviceInfo
-from fitdqn.memory.trace import TraceSession, fit_traces
+from fitdqn.memory.trace import TraceSession, _dim_at, _dim_line, fit_traces
 from fitdqn.plan import build
 
 CHECKED = (1024, 3000, 12345, 16384)
@@ -142,3 +142,15 @@ def test_the_stand_in_collector_is_warm_when_built():
             session.close()
         summaries.append((trace.baseline_bytes, trace.step_by_group, keyed(trace.events)))
     assert summaries[0] == summaries[1]
+
+
+def test_a_grid_dimension_is_fitted_as_ceil_divided_programs():
+    """A reduction's input of ``ceil(B / 64)`` rows (a Triton kernel's partial sums, a row a program) through
+    batches 4096 and 8192 is the grid at every batch; an integer line stays one; a dimension that is neither is
+    refused."""
+    grid = _dim_line(64, 128, (4096, 8192))
+    assert grid == (0, 1, 64)
+    assert [_dim_at(grid, batch) for batch in (1, 64, 65, 3000, 12345)] == [1, 1, 2, 47, 193]
+    assert _dim_line(4096 + 7, 8192 + 7, (4096, 8192)) == (7, 1, 1)
+    assert _dim_line(20, 20, (4096, 8192)) == (20, 0, 1)
+    assert _dim_line(1, 2, (3, 5)) is None  # half a row a sample from an odd batch: no whole grid through both

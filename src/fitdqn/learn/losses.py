@@ -125,8 +125,8 @@ def weighted_losses(
 
     ``fused``: run the operators ``fitdqn::weighted_losses`` and its backward instead
     (:mod:`fitdqn.ops.weighted_losses`): on CUDA one Triton kernel each way, so the forward is 3 launches (the
-    kernel, the sum of its per-program partial sums, the dot with ``loss_weights``) and the backward 1; elsewhere
-    the same maths in torch. The same operations in the same order: the gradients are this path's bit for bit,
+    kernel, the sum of its partial sums, the dot with ``loss_weights``) and the backward 1; elsewhere the same maths
+    in torch. The same operations in the same order: the gradients are this path's bit for bit,
     the priorities and means differ by fp32 summation order (the priorities not at all on the CPU).
     """
     function = FusedWeightedLosses if fused else _WeightedLosses

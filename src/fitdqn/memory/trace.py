@@ -518,13 +518,33 @@ def _line(first: int, second: int, batches: tuple[int, int]) -> Line | None:
     return None if remainder else (first - slope * batches[0], slope)
 
 
+DimLine = tuple[int, int, int]  # (a, n, k): a + ceil(n x batch / k)
+
+
+def _dim_line(first: int, second: int, batches: tuple[int, int]) -> DimLine | None:
+    """A dimension through ``(batches[0], first)`` and ``(batches[1], second)`` as ``a + ceil(n x batch / k)``:
+    an integer line where there is one (``k = 1``), else a grid of ``ceil(batch / k)`` programs (the Triton
+    kernels' partial sums have a row a program), None where neither goes through both points exactly."""
+    step = math.gcd(second - first, batches[1] - batches[0])
+    n, k = (second - first) // step, (batches[1] - batches[0]) // step
+    if (n * batches[0]) % k:
+        return None
+    return first - n * batches[0] // k, n, k
+
+
+def _dim_at(line: DimLine, batch_size: int) -> int:
+    a, n, k = line
+    return a - (-n * batch_size // k)
+
+
 @dataclass(frozen=True)
 class TraceFit:
-    """A traced step at any batch without tracing it: every entry of its ``Ledger`` (sizes, and the input shapes
-    of the ops with modelled scratch) as an integer line in the batch, fitted through two traces of the same
-    step (``fit_traces``). ``at(batch)`` replays the entries as ``LiveBytes`` counts them: the live peak, its
-    split by group, the allocator events; each equals the real trace's wherever every size is affine in the
-    batch (the scratch is recomputed by the tracker's own model from the fitted shapes). Two traces refuse a
+    """A traced step at any batch without tracing it: every entry of its ``Ledger`` as an integer line in the
+    batch (sizes), or as an integer line or a ceil-divided grid (``_dim_line``: the input shapes of the ops with
+    modelled scratch), fitted through two traces of the same step (``fit_traces``). ``at(batch)`` replays the
+    entries as ``LiveBytes`` counts them: the live peak, its split by group, the allocator events; each equals the
+    real trace's wherever every size is affine in the batch (the scratch is recomputed by the tracker's own model
+    from the fitted shapes). Two traces refuse a
     step whose changes differ between them or a size with no whole bytes per sample between them; a size that
     is not affine but has whole bytes per sample through both points cannot be told from two traces, so a step
     planned this way is checked against real traces at other batches (``tests/plan/test_trace_fit.py``)."""
@@ -616,7 +636,7 @@ class TraceFit:
             if dims is None:
                 leaves.append(shape)
                 continue
-            size = [a + b * batch_size for a, b in dims]
+            size = [_dim_at(dim, batch_size) for dim in dims]
             if min(size, default=0) < 0:
                 return 0
             tensor = torch.empty(size, dtype=shape.dtype, device="meta")
@@ -661,7 +681,7 @@ def fit_traces(first: StepTrace, second: StepTrace) -> tuple[TraceFit | None, st
                         return None, f"{where}: its inputs differ between batch {batches[0]} and {batches[1]}"
                     dims.append(None)
                     continue
-                fitted = tuple(_line(x, y, batches) for x, y in zip(a.shape, b.shape, strict=False))
+                fitted = tuple(_dim_line(x, y, batches) for x, y in zip(a.shape, b.shape, strict=False))
                 if (a.dtype, a.contiguous, len(a.shape)) != (b.dtype, b.contiguous, len(b.shape)) or None in fitted:
                     return None, f"{where}: its input shapes are not affine in the batch"
                 dims.append(fitted)

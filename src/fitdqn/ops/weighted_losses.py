@@ -3,17 +3,21 @@
 :func:`fitdqn.learn.losses.weighted_losses` runs with ``fused=True``.
 
 ``weighted_losses(c51_target [B, br, A], log_probs [B, br, A], iqn [B], v [B], v_target [B], weight [B], expectile)
--> (priorities [B], partial_sums [P, 3])``, both in ``acc`` (fp32; fp64 for fp64 targets), every input cast to
+-> (priorities [B], partial_sums [B, 3])``, both in ``acc`` (fp32; fp64 for fp64 targets), every input cast to
 acc first:
 
     priorities = -(1 / br) sum_{br, A} c51_target * log_probs       (each sample's C51 cross-entropy)
     diff = v_target - v,  slope = where(diff < 0, 1 - expectile, expectile) * diff,  iql = slope * diff
     scaled = weight * (1 / B)
-    partial_sums[p] = sum over program p's samples of scaled * (priorities, iqn, iql)
+    partial_sums[p * rows] = sum over program p's samples of scaled * (priorities, iqn, iql),  0 in the other rows
 
-``P`` (:func:`programs`) is the Triton kernels' grid: a program owns :func:`sample_block` samples. The sums are
-per program and no atomics add them up, so they are deterministic; :class:`FusedWeightedLosses` sums them over P
-and dots the ``[3]`` means with ``loss_weights`` in torch.
+``P`` (:func:`programs`) is the Triton kernels' grid: a program owns ``rows`` = :func:`sample_block` samples, and
+its row of the partial sums is that of its first sample. The sums are per program and no atomics add them up, so
+they are deterministic; :class:`FusedWeightedLosses` sums the ``[B, 3]`` over the batch and dots the ``[3]`` means
+with ``loss_weights`` in torch. One row a sample rather than ``[P, 3]``: the memory planner fits the update through
+traces at two batches (``fitdqn.memory.trace.fit_traces``) and so wants whole bytes a sample in every size and in the
+shapes a reduction reads; ``[P, 3]`` is 0.75 fp32 bytes a sample (``P = ceil(B / 16)``). The zeros cost 12 bytes
+a sample, under a thousandth of the update's memory.
 
 ``weighted_losses_backward(grad_loss [], c51_target, v, v_target, weight, loss_weights [3], expectile, iqn_dtype)
 -> (grad_log_probs [B, br, A] acc, grad_iqn [B] in iqn_dtype, grad_v [B] in v's dtype)``, with
@@ -39,10 +43,10 @@ importance weights and the loss weights): the slope is recomputed in the backwar
 
 Kernels: on CUDA the Triton kernels of :mod:`fitdqn.ops.weighted_losses_triton` when every tensor is bf16, fp16 or
 fp32 (:data:`fitdqn.ops.kernels.FUSED_DTYPES`); everywhere else (and for fp64 on CUDA) the same maths in torch
-(:func:`loss_parts`, :func:`loss_grads`), which cuts its partial sums by the same P. As for every operator here, the
-fake kernels (``register_fake``) allocate exactly what the Triton launchers allocate, so the memory planner's trace
-on fake tensors (``fitdqn.memory.trace``) counts the GPU's bytes: forward priorities ``[B]`` and the partial sums
-``[P, 3]``; backward the three gradients.
+(:func:`loss_parts`, :func:`loss_grads`), which cuts its partial sums by the same programs. As for every operator
+here, the fake kernels (``register_fake``) allocate exactly what the Triton launchers allocate, so the memory
+planner's trace on fake tensors (``fitdqn.memory.trace``) counts the GPU's bytes: forward priorities ``[B]`` and the
+partial sums ``[B, 3]``; backward the three gradients.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def sample_block(branches: int, atoms: int) -> int:
 
 
 def programs(batch: int, branches: int, atoms: int) -> int:
-    """P: the programs of either kernel along the batch, so the rows of the partial sums (fake kernels too)."""
+    """P: the programs of either kernel along the batch, so the partial sums' rows that are not zero."""
     return -(-batch // sample_block(branches, atoms))
 
 
@@ -91,8 +95,8 @@ def expectile_slope(diff: torch.Tensor, expectile: float) -> torch.Tensor:
 
 def loss_parts(c51_target: torch.Tensor, log_probs: torch.Tensor, iqn: torch.Tensor, v: torch.Tensor,
                v_target: torch.Tensor, weight: torch.Tensor, expectile: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward in torch (module docstring): priorities ``[B]`` and the partial sums ``[P, 3]`` in acc, each
-    program's samples (:func:`sample_block`) summed as the Triton kernel sums them."""
+    """The forward in torch (module docstring): priorities ``[B]`` and the partial sums ``[B, 3]`` in acc, each
+    program's samples (:func:`sample_block`) summed as the Triton kernel sums them, in its first sample's row."""
     batch, branches, atoms = c51_target.shape
     acc = accumulate_dtype(c51_target)
     with torch.autocast(c51_target.device.type, enabled=False):
@@ -103,7 +107,8 @@ def loss_parts(c51_target: torch.Tensor, log_probs: torch.Tensor, iqn: torch.Ten
         per_sample = torch.stack([priorities, iqn.to(acc), slope * diff], dim=1) * scaled.unsqueeze(1)  # [B, 3]
         rows, parts = sample_block(branches, atoms), programs(batch, branches, atoms)
         per_sample = F.pad(per_sample, (0, 0, 0, parts * rows - batch))  # [P * rows, 3]: zero rows at the end
-        partial_sums = per_sample.view(parts, rows, PARTS).sum(1)  # [P, 3]
+        partial_sums = torch.zeros_like(per_sample[:batch])  # [B, 3]
+        partial_sums[::rows] = per_sample.view(parts, rows, PARTS).sum(1)  # [P, 3] into rows 0, rows, 2 rows ...
     return priorities, partial_sums
 
 
@@ -130,7 +135,7 @@ def loss_grads(grad_loss: torch.Tensor, c51_target: torch.Tensor, v: torch.Tenso
 def weighted_losses_op(c51_target: torch.Tensor, log_probs: torch.Tensor, iqn: torch.Tensor, v: torch.Tensor,
                        v_target: torch.Tensor, weight: torch.Tensor, expectile: float
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """priorities ``[B]``, partial sums ``[P, 3]`` (acc); the default (CPU) kernel is the torch maths."""
+    """priorities ``[B]``, partial sums ``[B, 3]`` (acc); the default (CPU) kernel is the torch maths."""
     check_shapes(c51_target, log_probs, iqn, v, v_target, weight)
     return loss_parts(c51_target, log_probs, iqn, v, v_target, weight, expectile)
 
@@ -146,11 +151,10 @@ def _losses_cuda(c51_target, log_probs, iqn, v, v_target, weight, expectile):
 @weighted_losses_op.register_fake
 def _losses_fake(c51_target, log_probs, iqn, v, v_target, weight, expectile):
     check_shapes(c51_target, log_probs, iqn, v, v_target, weight)
-    batch, branches, atoms = c51_target.shape
+    batch = c51_target.shape[0]
     acc = accumulate_dtype(c51_target)
-    # [B] acc (priorities), [P, 3] acc (partial sums)
-    return (c51_target.new_empty(batch, dtype=acc),
-            c51_target.new_empty((programs(batch, branches, atoms), PARTS), dtype=acc))
+    # [B] acc (priorities), [B, 3] acc (partial sums)
+    return c51_target.new_empty(batch, dtype=acc), c51_target.new_empty((batch, PARTS), dtype=acc)
 
 
 # ---------------------------------------------------------------------------------------------- backward
@@ -190,7 +194,7 @@ class FusedWeightedLosses(torch.autograd.Function):
 
     An autograd function rather than ``register_autograd`` on the forward operator: that operator's differentiable
     output would be the partial sums, so autograd would run the dot's and the sum's backward (a ``[3]`` product and
-    an expanded ``[P, 3]`` gradient) before the kernel, one more launch and a different rounding from the torch
+    an expanded ``[B, 3]`` gradient) before the kernel, one more launch and a different rounding from the torch
     path's ``scaled * grad_loss``; here the backward kernel reads ``grad_loss`` and ``loss_weights`` itself.
     Saved: c51_target, v, v_target, weight and loss_weights, all of which exist anyway."""
 

@@ -8,9 +8,9 @@ A the last axis, contiguous in the learner's tensors, so loads and stores are co
 from :func:`fitdqn.ops.weighted_losses.sample_block` (a tile of about ``TILE_ELEMENTS`` = 4096 numbers: 16 samples
 at br = 3, A = 51). Grid ``[P]``, ``P = ceil(B / BLOCK_B)`` (:func:`fitdqn.ops.weighted_losses.programs`, which
 the fake kernels read too). A sample lies in one program, so its cross-entropy is a ``tl.sum`` over the tile's
-branch and atom axes, and the program's three sums over its samples are stored into its row of the partial sums
-``[P, 3]``: no atomics, no second pass. Everything is fp32 in registers from the loaded tensors (bf16, fp16 or fp32,
-any strides), rounded once at each store.
+branch and atom axes, and the program's three sums over its samples are stored into its first sample's row of the
+partial sums ``[B, 3]``, zeros into its other samples' rows: no atomics, no second pass. Everything is fp32 in
+registers from the loaded tensors (bf16, fp16 or fp32, any strides), rounded once at each store.
 
 The arithmetic is that of the torch path (``fitdqn.learn.losses._WeightedLosses``) operation for operation, with
 its fp32 scalars (``1 / B``, ``-1 / br``, ``1 - expectile`` and ``expectile``, passed as fp32 arguments), so every
@@ -43,15 +43,15 @@ def fused_weighted_losses(c51_target: torch.Tensor, log_probs: torch.Tensor, iqn
                           v_target: torch.Tensor, weight: torch.Tensor, expectile: float
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """``c51_target, log_probs [B, br, A]``, ``iqn, v, v_target, weight [B]`` -> priorities ``[B]`` and the partial
-    sums ``[P, 3]``, fp32, every element written by the kernel (``fitdqn.ops.weighted_losses``)."""
+    sums ``[B, 3]``, fp32, every element written by the kernel (``fitdqn.ops.weighted_losses``)."""
     batch, branches, atoms = c51_target.shape
     device = c51_target.device
     priorities = torch.empty(batch, device=device, dtype=torch.float32)  # [B]
-    partial_sums = torch.empty(programs(batch, branches, atoms), PARTS, device=device, dtype=torch.float32)  # [P, 3]
+    partial_sums = torch.empty(batch, PARTS, device=device, dtype=torch.float32)  # [B, 3]
     if batch == 0:
         return priorities, partial_sums
     with on_device(c51_target):
-        _forward_kernel[(partial_sums.shape[0],)](
+        _forward_kernel[(programs(batch, branches, atoms),)](
             c51_target, *c51_target.stride(), log_probs, *log_probs.stride(), iqn, iqn.stride(0), v, v.stride(0),
             v_target, v_target.stride(0), weight, weight.stride(0), priorities, partial_sums,
             batch, branches, atoms, **_scalars(batch, branches, expectile), **_blocks(branches, atoms),
@@ -133,10 +133,12 @@ def _forward_kernel(
     iqn = tl.load(iqn_ptr + sample * stride_iqn, mask=sample_ok, other=0.0).to(tl.float32)  # [M]
     diff, slope = _expectile_slope(v_ptr, stride_v, v_target_ptr, stride_vt, sample, sample_ok, below, above)
     scaled = tl.load(weight_ptr + sample * stride_w, mask=sample_ok, other=0.0).to(tl.float32) * inv_batch  # [M]
-    partial = partial_ptr + tl.program_id(0) * 3  # this program's row of [P, 3]
-    tl.store(partial, tl.sum(scaled * priorities, axis=0))  # C51 (0 past B: scaled and priorities are)
-    tl.store(partial + 1, tl.sum(scaled * iqn, axis=0))  # IQN
-    tl.store(partial + 2, tl.sum(scaled * (slope * diff), axis=0))  # IQL
+    first = tl.arange(0, BLOCK_B) == 0  # [M]: the row that holds the program's sums, zeros in the others
+    partial = partial_ptr + sample * 3  # [M]: the samples' rows of [B, 3]
+    zero = tl.zeros([BLOCK_B], dtype=tl.float32)
+    tl.store(partial, tl.where(first, tl.sum(scaled * priorities, axis=0), zero), mask=sample_ok)  # C51 (0 past B)
+    tl.store(partial + 1, tl.where(first, tl.sum(scaled * iqn, axis=0), zero), mask=sample_ok)  # IQN
+    tl.store(partial + 2, tl.where(first, tl.sum(scaled * (slope * diff), axis=0), zero), mask=sample_ok)  # IQL
 
 
 @triton.jit
