@@ -4,10 +4,13 @@ bootstrap intervals. One study per data set (:func:`fitdqn.train.study.run_study
 
     python benchmarks/real_bars.py --out runs/real_bars                           # sp500 + nasdaq, 5 seeds, 4 folds
     python benchmarks/real_bars.py --data sp500 --seeds 5 --folds 4 --config run.toml --set train.epochs=30
+    python benchmarks/real_bars.py --paired A/real_bars.json B/real_bars.json    # two studies, member by member
 
 Writes ``real_bars.json`` (every study's summary, the machine, the commit) and ``real_bars.md`` (the table
 for BENCHMARKS.md) into --out; each study's run directories are under ``--out/<data>``. Running the same
-command again continues where it stopped (finished runs are read back).
+command again continues where it stopped (finished runs are read back). ``--paired`` compares two such files
+(e.g. a setting and its default, the same seeds and folds): per data set, the differences of the members'
+validation Sharpe (what chose each network) and test Sharpe, seed and fold matched, mean +- standard error.
 """
 
 from __future__ import annotations
@@ -62,6 +65,37 @@ def table(studies: dict[str, dict[str, Any]], config: Config) -> str:
     return "\n".join(lines)
 
 
+def paired(first: dict[str, Any], second: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per data set in both records, ``first`` minus ``second`` member by member (the same seed and fold): for
+    ``validation_sharpe`` and ``test_sharpe``, the number of pairs, the mean difference, its standard error and
+    how many are above zero."""
+    out = {}
+    for data in [d for d in first["studies"] if d in second["studies"]]:
+        others = {(m["seed"], m["fold"]): m for m in second["studies"][data]["members"]}
+        out[data] = {}
+        for key in ("validation_sharpe", "test_sharpe"):
+            diffs = [m[key] - others[(m["seed"], m["fold"])][key] for m in first["studies"][data]["members"]
+                     if (m["seed"], m["fold"]) in others and m.get(key) is not None
+                     and others[(m["seed"], m["fold"])].get(key) is not None]
+            n = len(diffs)
+            mean = sum(diffs) / n if n else None
+            error = (sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) ** 0.5 if n > 1 else None
+            out[data][key] = {"pairs": n, "mean": mean, "standard_error": error, "above": sum(d > 0 for d in diffs)}
+    return out
+
+
+def paired_table(comparison: dict[str, dict[str, Any]], first: str, second: str) -> str:
+    lines = [f"{first} minus {second}, member by member (seed and fold matched):", "",
+             "| data | Sharpe on | pairs | mean difference | standard error | above zero |",
+             "|---|---|---:|---:|---:|---:|"]
+    for data, keys in comparison.items():
+        for key, entry in keys.items():
+            mean = "-" if entry["mean"] is None else f"{entry['mean']:+.3f}"
+            lines.append(f"| {data} | {key.removesuffix('_sharpe')} | {entry['pairs']} | {mean} | "
+                         f"{fmt(entry['standard_error'], 3)} | {entry['above']} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="sp500,nasdaq", help="comma-separated data sets (default: sp500,nasdaq)")
@@ -73,7 +107,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="train only seed index K's members and report nothing (run several side by side, "
                              "then once without it to read them back and report)")
     parser.add_argument("--out", default="runs/real_bars", help="output directory (default: runs/real_bars)")
+    parser.add_argument("--paired", nargs=2, metavar=("A", "B"),
+                        help="compare two real_bars.json files member by member (A minus B) and train nothing")
     args = parser.parse_args(argv)
+    if args.paired:
+        first, second = (json.loads(Path(name).read_text()) for name in args.paired)
+        comparison = paired(first, second)
+        print(paired_table(comparison, *args.paired))
+        return comparison
     base = load_config(args.config) if args.config else Config()
     base = with_overrides(base, {**parse_sets(args.set), "evaluate.seeds": args.seeds, "evaluate.folds": args.folds})
     out = Path(args.out)

@@ -43,6 +43,8 @@ def test_walk_forward_study_end_to_end(small_config, tmp_path, capsys):
         candidates = [(e, s) for e, s in report["selection"]["candidates"] if s is not None]
         best = max(candidates, key=lambda c: c[1])  # chosen on validation only
         assert report["selection"]["epoch"] == best[0] and report["selection"]["validation_sharpe"] == best[1]
+        assert (m["selected_epoch"], m["validation_sharpe"], m["test_sharpe"]) == (
+            best[0], best[1], report["test"]["agent"]["sharpe"])  # what two studies compare member by member
         markdown = (run / "report.md").read_text()
         assert markdown.splitlines()[2].startswith("**Verdict.** On the test split")
         assert f"Run directory: {run}" in markdown.splitlines()[4] and markdown.rstrip().endswith(str(run))
@@ -91,3 +93,17 @@ def test_printed_reports_do_not_wrap_in_a_pipe():
     pipe = io.StringIO()
     print_report(Console(file=pipe, width=80), f"# title\n\n{long_row}\n")
     assert pipe.getvalue().splitlines() == ["# title", "", long_row]
+
+
+def test_two_studies_compare_member_by_member():
+    def record(members):
+        return {"studies": {"sp500": {"members": [
+            {"seed": seed, "fold": fold, "validation_sharpe": v, "test_sharpe": t} for seed, fold, v, t in members]}}}
+
+    first = record([(0, 0, 1.0, 0.5), (0, 1, 0.25, None), (1, 0, 2.0, 1.0)])
+    second = record([(1, 0, 1.5, 1.5), (0, 0, 0.5, 0.0), (0, 1, 0.5, 0.5)])  # another order: matched by key
+    comparison = load_script().paired(first, second)["sp500"]
+    # validation: 0.5, -0.25, 0.5 -> mean 0.25, s.d. 0.433, s.e. 0.25; test: 0.5, -0.5 (one pair without a test)
+    assert comparison["validation_sharpe"] == {"pairs": 3, "mean": 0.25, "standard_error": pytest.approx(0.25),
+                                               "above": 2}
+    assert comparison["test_sharpe"] == {"pairs": 2, "mean": 0.0, "standard_error": pytest.approx(0.5), "above": 1}

@@ -28,6 +28,9 @@ from fitdqn.train.run import evaluate_run, print_report, resume_config, train
 from fitdqn.train.trainer import write_run_config
 
 STUDY_NAME = "study.json"
+# what the study lists of each member: where it is, the epoch chosen on validation, that network's validation
+# Sharpe (what chose it) and test Sharpe (two studies of the same seeds and folds compare member by member)
+MEMBER_KEYS = ("seed", "fold", "dir", "selected_epoch", "validation_sharpe", "test_sharpe")
 
 
 def is_study(config: Config) -> bool:
@@ -88,12 +91,14 @@ def run_study(config: Config, run_dir: Path, console: Console | None = None,
                             "dir": str(sub.relative_to(run_dir)),
                             "capital": report["test"]["capital"], "test": report["test"],
                             "selected_epoch": report["selection"]["epoch"], "code": report.get("code"),
+                            "validation_sharpe": report["selection"]["validation_sharpe"],
+                            "test_sharpe": report["test"]["agent"]["sharpe"],
                             "pnl": pd.read_csv(sub / "test_pnl.csv")})
     if seed_indices is not None:
         return None
     summary = study_summary(members, config, bars_per_year(market.bars["timestamp"]))
     summary["verdict"] = study_verdict(summary, config)
-    summary["members"] = [{k: m[k] for k in ("seed", "fold", "dir", "selected_epoch")} for m in members]
+    summary["members"] = [{k: m[k] for k in MEMBER_KEYS} for m in members]
     summary["member_code"] = distinct_code(members)
     summary["folds_layout"] = [f.to_json() for f in folds if f is not None]
     atomic_write_text(run_dir / STUDY_NAME, json.dumps(summary["members"], indent=2))
