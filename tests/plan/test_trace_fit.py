@@ -6,7 +6,7 @@ derived (the planner traces it at each batch and says why)."""
 import pytest
 import torch
 
-from fitdqn.config import Config
+from fitdqn.config import Config, with_overrides
 from fitdqn.device import what_if
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.memory.trace import TraceSession, _dim_at, _dim_line, fit_traces
@@ -32,12 +32,16 @@ def same_step(derived, traced) -> None:
     assert keyed(derived.events) == keyed(traced.events)
 
 
-@pytest.mark.parametrize(("device", "first"), [(what_if("rtx3050", None, int(1.7 * 2**30)), 4096), (CPU, 512)],
-                         ids=["cuda", "cpu"])
-def test_the_derived_update_equals_the_traced_one_event_by_event(device, first):
+@pytest.mark.parametrize(("device", "first", "kernels"), [
+    (what_if("rtx3050", None, int(1.7 * 2**30)), 4096, "auto"),
+    # the Triton operators' fake kernels, which need no Triton: what a GPU machine traces, here on every machine
+    (what_if("rtx3050", None, int(1.7 * 2**30)), 4096, "triton"),
+    (CPU, 512, "auto"),
+], ids=["cuda", "cuda-triton-kernels", "cpu"])
+def test_the_derived_update_equals_the_traced_one_event_by_event(device, first, kernels):
     """As the planner fits it (``fit_update``: its first batch, without a warm-up, and twice that), at the first
     batch the plan asks for on each (the graph pool's 4096 on a graphed GPU, 512 on the CPU)."""
-    config, _ = build.trace_config(Config(), device)
+    config, _ = build.trace_config(with_overrides(Config(), {"net.kernels": kernels}), device)
     shape = build._cuda_shape(device) if device.kind == "cuda" else None
     session = TraceSession(build.make_system_session(config, 2000, 2**15), device.kind, cuda_shape=shape)
     try:
