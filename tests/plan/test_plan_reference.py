@@ -29,11 +29,14 @@ def close(value: int, reference: int) -> bool:
     return abs(value - reference) <= max(TOLERANCE * abs(reference), 64)  # 64 B: a slope's rounding
 
 
+@pytest.mark.parametrize("forced", [None, "triton"], ids=["resolved", "triton-kernels"])
 @pytest.mark.parametrize("what_if", sorted(WHAT_IFS))
-def test_the_default_plan_keeps_its_batch_and_components(what_if, capsys, tmp_path):
-    kernels = resolve_kernels("auto", "cuda")
+def test_the_default_plan_keeps_its_batch_and_components(what_if, forced, capsys, tmp_path):
+    """As resolved here, and with the Triton kernel set forced (its fake kernels need no Triton: every machine
+    checks the plan a GPU machine makes)."""
+    kernels = forced or resolve_kernels("auto", "cuda")
     reference = REFERENCE[kernels][what_if]
-    assert main(["plan", *WHAT_IFS[what_if], "--batch-size", "0", "--json",
+    assert main(["plan", *WHAT_IFS[what_if], "--batch-size", "0", "--json", "--net.kernels", kernels,
                  "--budget.trace_cache_dir", str(tmp_path)]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert abs(plan["batch_size"] - reference["batch_size"]) <= TOLERANCE * reference["batch_size"]
