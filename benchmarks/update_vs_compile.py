@@ -220,9 +220,6 @@ class PlainLearner:
                 "iql_loss": iql_loss.detach(), "priorities": cross_entropy.detach().mean(-1)}
 
     def step(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if self.learn.obs_noise > 0:  # learn.obs_noise, as fitdqn's update draws it (outside what is compiled)
-            batch = {**batch, **{key: batch[key] + self.learn.obs_noise * torch.randn_like(batch[key])
-                                 for key in ("obs", "next_obs")}}
         size = batch["obs"].shape[0]
         taus = torch.rand(size, self.quantile_count, device=self.device)  # [B, N]
         next_taus = torch.rand(size, self.quantile_count, device=self.device)  # [B, N']

@@ -110,9 +110,16 @@ def build_system(config: Config, market: Market, device: torch.device, *, capaci
     features: list[Tensor] = []  # the env's features, once built: the replay observes through them
 
     observed_dtype = autocast_dtype(config.learn.precision, device)  # learner batches: what autocast would cast to
+    noise = config.learn.obs_noise
 
     def observe(bar: Tensor, agent: Tensor) -> Tensor:
-        return build_observation(features[0], bar, agent, window, observed_dtype)  # [B, W, S]
+        """A learner batch's observations ``[B, W, S]``; with ``learn.obs_noise`` fresh Gaussian noise of that
+        standard deviation is added where they are built, in place (a regulariser against memorising the
+        training bars; no noised copy is held beside them through the update)."""
+        tokens = build_observation(features[0], bar, agent, window, observed_dtype)  # [B, W, S]
+        if noise > 0:
+            tokens.add_(noise * torch.randn_like(tokens))
+        return tokens
 
     with measure(ComponentName.REPLAY):
         replay = ReplayBuffer.from_config(config, transition_spec(), capacity, goal_column=GOAL_COLUMN,

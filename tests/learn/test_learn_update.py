@@ -137,28 +137,6 @@ def test_update_variants_run_and_stay_finite(options):
         torch.testing.assert_close(out["loss"], expected)
 
 
-def test_observation_noise_is_the_update_on_noised_copies_of_the_batch():
-    """learn.obs_noise: the update equals the plain update of obs + std * randn and next_obs + std * randn drawn
-    first from the same generator state; the caller's batch is left as it was."""
-    batch = make_batch(32, seed=4)
-    kept = {key: value.clone() for key, value in batch.items()}
-    noisy_learner = make_learner(seed=3, config=small_config(obs_noise=0.3))
-    torch.manual_seed(5)
-    noisy = noisy_learner.update(batch)
-    for key in batch:
-        assert torch.equal(batch[key], kept[key]), key
-
-    plain_learner = make_learner(seed=3, config=small_config(obs_noise=0.0))
-    torch.manual_seed(5)
-    noised = {**batch, "obs": batch["obs"] + 0.3 * torch.randn_like(batch["obs"])}
-    noised["next_obs"] = batch["next_obs"] + 0.3 * torch.randn_like(batch["next_obs"])
-    plain = plain_learner.update(noised)  # the generator continues where the noise left it, as in the update
-    for key in plain:
-        torch.testing.assert_close(noisy[key], plain[key], rtol=0, atol=0, msg=key)
-    clean = make_learner(seed=3, config=small_config(obs_noise=0.0)).update(batch)
-    assert not torch.equal(clean["loss"], noisy["loss"])
-
-
 def test_iql_in_target_changes_the_td_target():
     outs = []
     for flag in (False, True):
@@ -185,9 +163,8 @@ def test_unequal_branches():
 def test_observations_in_the_autocast_dtype_update_as_float32_ones(fused):
     """The replay builds learner batches' observations in the autocast dtype (``system.build_system``): every
     network reads them through linear layers, which autocast casts to that dtype anyway, so the update is the one
-    of float32 observations, bit for bit (losses, priorities, parameters). Without learn.obs_noise: the noise is
-    drawn in the observations' dtype."""
-    config = small_config(precision="bf16", obs_noise=0.0)
+    of float32 observations, bit for bit (losses, priorities, parameters)."""
+    config = small_config(precision="bf16")
     config = dataclasses.replace(config, net=dataclasses.replace(config.net, kernels="triton" if fused else "torch"))
     batch = make_batch(32, config=config)
     low = {**batch, "obs": batch["obs"].bfloat16(), "next_obs": batch["next_obs"].bfloat16()}

@@ -11,14 +11,13 @@ from pathlib import Path
 
 import torch
 
-from fitdqn.config import Config, LearnConfig, NetConfig, TrainConfig
+from fitdqn.config import Config, NetConfig, TrainConfig
 from fitdqn.learn import Learner, random_batch
 
 STATE_DIM = 10
 NET = NetConfig(window=4, trunk_hidden=32, d_model=16, attention_heads=4, stream_hidden=16, num_atoms=11,
                 iqn_embedding=8, iqn_quantiles=8, iqn_act_quantiles=4, iqn_chunk=3, iql_hidden=16)
-# no observation noise: each rank draws its own, so the update equals one process's on the combined batch only without
-CONFIG = Config(net=NET, learn=LearnConfig(obs_noise=0.0))
+CONFIG = Config(net=NET)
 _TORCH_RAND = torch.rand
 
 

@@ -4,10 +4,11 @@
 tensor value; every Python branch is on the config). It runs eagerly (the reference) and inside a CUDA
 graph (``fitdqn.device.graphs.capture_graph``, the fast path).
 
+The batch's observations arrive as the replay built them: with ``learn.obs_noise`` already noised there
+(:func:`fitdqn.system.build_system`), so the update itself draws no noise.
+
 What one update does, in order:
 
-0. ``learn.obs_noise`` > 0: ``obs`` and ``next_obs`` become copies with fresh Gaussian noise of that standard
-   deviation (a regulariser against memorising the training bars); everything below reads the copies.
 1. Targets, under ``no_grad`` (nothing kept for backward):
    - double DQN: the online net's C51 means on ``next_obs`` pick ``a*`` per branch; the target net gives
      the C51 distribution of ``a*`` on ``next_obs``, projected onto the support after ``r + discount * z``
@@ -133,9 +134,6 @@ class Learner:
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cfg = self.learn_config
-        if cfg.obs_noise > 0:  # fresh noise each update: no training bar's features are seen exactly twice
-            batch = {**batch, "obs": _noisy(batch["obs"], cfg.obs_noise),
-                     "next_obs": _noisy(batch["next_obs"], cfg.obs_noise)}
         obs, action, weight = batch["obs"], batch["action"], batch["weight"]  # [B, W, S], [B, br], [B]
         for p in self.params:  # backward writes each gradient afresh: no zeroing pass, no accumulating add
             p.grad = None
@@ -279,11 +277,6 @@ class Learner:
         self.optimizer.step()  # zero gradients: moments stay 0 and parameters do not move
         for slots in self.optimizer.state.values():
             slots["step"].zero_()
-
-
-def _noisy(obs: torch.Tensor, std: float) -> torch.Tensor:
-    """``obs [B, W, S]`` + N(0, std^2) noise, in the observations' dtype."""
-    return obs + std * torch.randn_like(obs)
 
 
 def _take_atoms(logits: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
