@@ -9,8 +9,9 @@ from fitdqn.market.observation import build_observation
 from fitdqn.plan.build import stand_in_system
 
 
-def small_system(obs_noise: float):
-    config = for_device(with_overrides(Config(), {"learn.obs_noise": obs_noise, "collect.num_envs": 4}), "cpu")
+def small_system(obs_noise: float, noise_on: str = "all"):
+    config = for_device(with_overrides(Config(), {"learn.obs_noise": obs_noise, "learn.obs_noise_on": noise_on,
+                                                  "collect.num_envs": 4}), "cpu")
     return stand_in_system(config, num_bars=2000, capacity=4 * 64, batch_size=16, device=torch.device("cpu"))
 
 
@@ -32,6 +33,19 @@ def test_learner_batches_carry_the_noise_drawn_where_their_observations_are_buil
     batch = system.replay.sample(16, system.beta, system.sample_generator)
     features = batch["obs"][..., :NUM_FEATURES]  # the stand-in market's features are all zero
     assert (features.std() > 0.2) == (obs_noise > 0)
+
+
+def test_the_noise_on_the_market_features_only_leaves_the_agent_state_exact():
+    system = small_system(0.3, "market")
+    window = system.config.net.window
+    bar, agent = torch.tensor([window, 1999]), torch.randn(2, NUM_AGENT_FIELDS)
+    torch.manual_seed(7)
+    got = system.replay.observe(bar, agent)
+    torch.manual_seed(7)
+    built = build_observation(system.env.features, bar, agent, window)  # [B, W, S]
+    noise = 0.3 * torch.randn_like(built[..., :NUM_FEATURES])  # [B, W, Fm], drawn for those columns only
+    assert torch.equal(got[..., NUM_FEATURES:], built[..., NUM_FEATURES:])
+    assert torch.equal(got[..., :NUM_FEATURES], built[..., :NUM_FEATURES] + noise)
 
 
 def test_the_update_draws_no_noise_itself():

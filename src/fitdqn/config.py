@@ -148,6 +148,9 @@ class LearnConfig:
                             "s', features in z-score units) at each update, fresh every time: a regulariser "
                             "against memorising the training bars (it validated higher on the synthetic market, "
                             "BENCHMARKS.md); 0 = off", ge=0, le=5)
+    obs_noise_on: str = knob("all", "the columns of an observation token that learn.obs_noise reaches: 'all' (the "
+                             "market features and the agent's state) or 'market' (the market features only)",
+                             choices=("all", "market"))
     target_update: str = knob("soft", "target network update: 'soft' (Polyak, every step) or 'hard' (copy)",
                               choices=("soft", "hard"))
     target_tau: float = knob(0.005, "Polyak factor of one soft target update at learn.base_batch (at batch B: "

@@ -26,7 +26,7 @@ from fitdqn.learn.learner import Learner
 from fitdqn.learn.precision import autocast_dtype
 from fitdqn.market.contract import ContractSpec
 from fitdqn.market.env import GOAL_COLUMN, FuturesEnv, transition_spec
-from fitdqn.market.layout import WARMUP
+from fitdqn.market.layout import NUM_FEATURES, WARMUP
 from fitdqn.market.loader import Market, market_tensor_shapes
 from fitdqn.market.observation import build_observation
 from fitdqn.market.splits import split_bars
@@ -111,14 +111,17 @@ def build_system(config: Config, market: Market, device: torch.device, *, capaci
 
     observed_dtype = autocast_dtype(config.learn.precision, device)  # learner batches: what autocast would cast to
     noise = config.learn.obs_noise
+    noised = slice(None) if config.learn.obs_noise_on == "all" else slice(0, NUM_FEATURES)  # token columns
 
     def observe(bar: Tensor, agent: Tensor) -> Tensor:
         """A learner batch's observations ``[B, W, S]``; with ``learn.obs_noise`` fresh Gaussian noise of that
         standard deviation is added where they are built, in place (a regulariser against memorising the
-        training bars; no noised copy is held beside them through the update)."""
+        training bars; no noised copy is held beside them through the update), to the columns
+        ``learn.obs_noise_on`` names."""
         tokens = build_observation(features[0], bar, agent, window, observed_dtype)  # [B, W, S]
         if noise > 0:
-            tokens.add_(noise * torch.randn_like(tokens))
+            part = tokens[..., noised]  # a view: the add lands in the tokens
+            part.add_(noise * torch.randn_like(part))
         return tokens
 
     with measure(ComponentName.REPLAY):
