@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -78,9 +79,9 @@ def paired(first: dict[str, Any], second: dict[str, Any]) -> dict[str, dict[str,
                      if (m["seed"], m["fold"]) in others and m.get(key) is not None
                      and others[(m["seed"], m["fold"])].get(key) is not None]
             n = len(diffs)
-            mean = sum(diffs) / n if n else None
-            error = (sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) ** 0.5 if n > 1 else None
-            out[data][key] = {"pairs": n, "mean": mean, "standard_error": error, "above": sum(d > 0 for d in diffs)}
+            error = statistics.stdev(diffs) / n ** 0.5 if n > 1 else None
+            out[data][key] = {"pairs": n, "mean": statistics.fmean(diffs) if n else None, "standard_error": error,
+                              "above": sum(d > 0 for d in diffs)}
     return out
 
 

@@ -683,7 +683,7 @@ def fit_traces(first: StepTrace, second: StepTrace) -> tuple[TraceFit | None, st
                     continue
                 fitted = tuple(_dim_line(x, y, batches) for x, y in zip(a.shape, b.shape, strict=False))
                 if (a.dtype, a.contiguous, len(a.shape)) != (b.dtype, b.contiguous, len(b.shape)) or None in fitted:
-                    return None, f"{where}: its input shapes are not affine in the batch"
+                    return None, f"{where}: its input shapes are neither affine in the batch nor a ceil-divided grid"
                 dims.append(fitted)
             line = (*line, tuple(dims))
         lines.append(line)
