@@ -19,7 +19,8 @@ case "${1:-}" in
   tests)
     step "CUDA tests"
     timeout 560 python3 -m pytest -q -p no:cacheprovider -rfE --durations=15 tests/nets tests/learn tests/memory tests/plan \
-      tests/replay/test_cuda.py tests/market/test_market_env_cuda.py tests/device/test_probe.py \
+      tests/replay/test_cuda.py tests/ops/test_replay_gather.py tests/market/test_market_env_cuda.py \
+      tests/device/test_probe.py \
       > "$out/gpu_tests.log" 2>&1
     tail -25 "$out/gpu_tests.log" ;;
   sweep)

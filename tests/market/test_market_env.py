@@ -29,6 +29,7 @@ from fitdqn.market.env import (
 from fitdqn.market.features import NUM_FEATURES, WARMUP
 from fitdqn.market.loader import load_market, market_bytes
 from fitdqn.market.observation import build_observation
+from fitdqn.ops.replay_gather import GoalCrossing
 from fitdqn.replay.spec import check_rows
 
 # multiplier 50, tick 0.25, commission 2.5 per contract per fill, slippage 1 tick = 0.25 points = 12.5 cash
@@ -227,6 +228,7 @@ def test_goal_is_sampled_per_episode_and_rewarded_on_upward_crossing(sp500_marke
     after = torch.tensor([1.2, 1.0, 0.5, 1.0, 3.0])
     bonus = env.goal_reward(before, after, torch.ones(5))
     assert bonus.tolist() == pytest.approx([env.goal_bonus, env.goal_bonus, 0.0, env.goal_bonus, 0.0])
+    assert env.goal_reward == GoalCrossing(env.goal_bonus)  # the bonus the replay's gather operator takes
 
 
 def test_seeded_determinism(sp500_market):

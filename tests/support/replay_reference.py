@@ -122,3 +122,48 @@ def nstep_reference(log, step: int, env: int, n: int, gamma: float, goal: float,
 def tree_reference_find(leaves: np.ndarray, mass: np.ndarray) -> np.ndarray:
     """Index i with prefix(i) <= mass < prefix(i + 1) by cumsum + searchsorted."""
     return np.searchsorted(np.cumsum(leaves), mass, side="right")
+
+
+def gather_at_4a736f8(storage, index: torch.Tensor, uniform: torch.Tensor, *, n_step: int, gamma: float,
+                      episode_length: int, her_k: int | None, goal_column: int, goal_reward) -> dict[str, torch.Tensor]:
+    """The replay's gather as commit 4a736f8 wrote it, op for op (``ReplayBuffer.gather_with_uniforms`` over
+    ``replay/her.py``'s ``FutureGoals`` and ``replay/nstep.py``'s ``NStepReturns``; ``her_k`` None: HER off): the
+    frozen reference its successors must equal bit for bit on the CPU."""
+    s, fields = storage, storage.fields
+    offsets = torch.tensor([k * s.num_envs for k in range(n_step)], dtype=torch.int64)  # [n]
+    gamma_powers = torch.tensor([gamma ** k for k in range(n_step + 1)], dtype=torch.float32)  # [n + 1]
+    agent = fields["agent"][index]  # [B, Fa]
+    goal = agent[:, goal_column]  # [B]
+    if her_k is not None:  # FutureGoals.__call__
+        newest = torch.remainder(s.written - 1, s.steps)
+        row = torch.div(index, s.num_envs, rounding_mode="floor")
+        ahead = torch.remainder(newest - row, s.steps)
+        episode_step = fields["episode_step"][index].long()
+        span = torch.minimum(episode_length - 1 - episode_step, ahead).clamp_(min=0)
+        offset = torch.minimum((uniform[:, 0] * (span + 1)).long(), span)
+        future = torch.remainder(index + offset * s.num_envs, s.capacity)
+        same_episode = fields["episode_step"][future].long() == episode_step + offset
+        achieved = fields["achieved"]
+        future_goal = torch.where(same_episode, achieved[future], achieved[index])
+        relabelled = uniform[:, 1] < her_k / (her_k + 1.0)
+        goal = torch.where(relabelled, future_goal, goal)
+    # NStepReturns.__call__
+    slots = torch.remainder(index.unsqueeze(1) + offsets, s.capacity)  # [B, n]
+    flags = fields["flags"][slots]
+    ended = (flags & 3) != 0
+    alive = (ended.cumsum(1) - ended.long()) == 0
+    reward = fields["reward"][slots]
+    if goal_reward is not None:
+        achieved = fields["achieved"][slots]
+        reward = reward + goal_reward(achieved - reward, achieved, goal.unsqueeze(1).expand_as(achieved))
+    ret = (reward * gamma_powers[:n_step] * alive).sum(1)
+    length = alive.sum(1)
+    last = slots.gather(1, (length - 1).unsqueeze(1)).squeeze(1)
+    terminal = (fields["flags"][last] & 1).to(torch.float32)
+    discount = gamma_powers[length] * (1.0 - terminal)
+    next_agent = fields["next_agent"][last]
+    agent[:, goal_column] = goal
+    next_agent[:, goal_column] = goal
+    return {"bar": fields["bar"][index].long(), "agent": agent, "action": fields["action"][index].long(),
+            "reward": ret.to(torch.float32), "discount": discount, "next_bar": fields["bar"][last].long() + 1,
+            "next_agent": next_agent, "index": index}

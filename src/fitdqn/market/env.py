@@ -83,6 +83,7 @@ from fitdqn.market.layout import (  # noqa: F401 - the env's layout, re-exported
 from fitdqn.market.loader import Market, load_market
 from fitdqn.market.observation import build_observation
 from fitdqn.market.splits import Split
+from fitdqn.ops.replay_gather import GoalCrossing
 from fitdqn.replay.spec import FieldSpec
 
 TERMINAL = 1  # flags bit 0: no bootstrap past this step
@@ -449,10 +450,12 @@ class FuturesEnv:
     def transition_spec() -> dict[str, FieldSpec]:
         return transition_spec()
 
-    def goal_reward(self, achieved_before: Tensor, achieved_after: Tensor, goal: Tensor) -> Tensor:
-        """HER bonus: ``goal_bonus`` where the cumulative reward crosses ``goal`` upwards (pure tensor op)."""
-        crossed = (achieved_before < goal) & (achieved_after >= goal)
-        return crossed.to(achieved_after.dtype) * self.goal_bonus
+    @property
+    def goal_reward(self) -> GoalCrossing:
+        """HER bonus, ``goal_reward(achieved_before, achieved_after, goal)``: ``goal_bonus`` where the cumulative
+        reward crosses ``goal`` upwards (pure tensor op; a :class:`~fitdqn.ops.replay_gather.GoalCrossing`, which the
+        replay's gather operator takes by its bonus)."""
+        return GoalCrossing(self.goal_bonus)
 
     def observation(self) -> Tensor:
         """Current observations ``[E, W, S]`` float32."""

@@ -15,6 +15,8 @@ it), and beside it, in ``<op>_triton.py``, the Triton kernel, imported on first 
   (``fitdqn::weighted_losses`` and its backward);
 - :mod:`fitdqn.ops.prioritized`: prioritized replay's draw (``fitdqn::prioritized_draw``: the stratified descent
   and the importance weights) and priority update (``fitdqn::prioritized_update``, in place);
+- :mod:`fitdqn.ops.replay_gather`: the replay's batch gather, HER 'future' relabelling and the n-step return
+  (``fitdqn::replay_gather``), and the goal bonus the operator takes (:class:`~fitdqn.ops.replay_gather.GoalCrossing`);
 - :mod:`fitdqn.ops.sum_tree`: the sum tree's ancestor rebuild (in place; a plain function, not an operator);
 - :mod:`fitdqn.ops.linear_relu`: a linear layer with its ReLU in the product's epilogue (ATen ops and their
   autograd: no custom op, no Triton);
@@ -37,12 +39,13 @@ from fitdqn.ops.linear_relu import linear_relu
 from fitdqn.ops.prioritized import prioritized_draw, prioritized_update
 from fitdqn.ops.projection import atom_positions, project_dense, project_returns
 from fitdqn.ops.quantile_huber import QuantileHuber, quantile_huber, quantile_huber_sorted
+from fitdqn.ops.replay_gather import GoalCrossing  # the operator keeps its module's name: fitdqn.ops.replay_gather
 from fitdqn.ops.residual_norm import residual_layer_norm
 from fitdqn.ops.weighted_losses import FusedWeightedLosses
 
 __all__ = [
-    "FUSED_DTYPES", "FusedWeightedLosses", "KERNELS", "QuantileHeadFunction", "QuantileHuber", "atom_positions",
-    "c51_means", "cosine_embedding", "folded_output", "gather_in_place_grad", "iqn_quantile_head",
+    "FUSED_DTYPES", "FusedWeightedLosses", "GoalCrossing", "KERNELS", "QuantileHeadFunction", "QuantileHuber",
+    "atom_positions", "c51_means", "cosine_embedding", "folded_output", "gather_in_place_grad", "iqn_quantile_head",
     "last_token_attention", "linear_relu", "prioritized_draw", "prioritized_update", "project_dense",
     "project_returns", "quantile_huber", "quantile_huber_sorted", "residual_layer_norm", "resolve_kernels",
     "triton_available",

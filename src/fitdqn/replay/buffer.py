@@ -9,23 +9,28 @@ pure parts (tree descent, weights, n-step + HER gather, priority transform) run 
 the same maths in a few fused kernels instead of ~150 small ones; eager is the reference. Compile before
 capturing a CUDA graph (call ``sample`` and ``update_priorities`` once outside the capture). With ``fused`` (the
 resolved ``net.kernels = 'triton'``) the prioritized draw and priority update are the operators of
-:mod:`fitdqn.ops.prioritized` (a few Triton kernels on CUDA, no compiling), and only the gather is compiled.
+:mod:`fitdqn.ops.prioritized` (a few Triton kernels on CUDA, no compiling), and only the gather is compiled. With
+``fused`` and not compiled the gather is the operator ``fitdqn::replay_gather`` (one Triton kernel on CUDA) where
+the goal bonus is a :class:`~fitdqn.ops.replay_gather.GoalCrossing` or none; the maths of HER and the n-step window
+lives in :mod:`fitdqn.ops.replay_gather`, whichever path runs it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 
+from fitdqn.ops import replay_gather as gather_ops
 from fitdqn.ops.kernels import resolve_kernels
-from fitdqn.replay.her import FutureGoals
-from fitdqn.replay.nstep import GoalReward, NStepReturns
+from fitdqn.ops.replay_gather import GoalReward, Relabel
 from fitdqn.replay.sampler import PrioritizedSampler, UniformSampler, sampleable_steps
 from fitdqn.replay.spec import TransitionSpec
 from fitdqn.replay.storage import RingStorage
 
 REQUIRED_FIELDS = ("bar", "agent", "action", "reward", "achieved", "next_agent", "episode_step", "flags")
+BATCH_KEYS = ("bar", "agent", "action", "reward", "discount", "next_bar", "next_agent")  # the gather's, in order
 Observe = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -65,16 +70,26 @@ class ReplayBuffer:
         self.capacity = self.storage.capacity
         self.num_envs = self.storage.num_envs
         self.n_step = int(n_step)
+        self.episode_length = int(episode_length)
         self.goal_column = int(goal_column)
         self.goal_reward = goal_reward
         self.observe = observe
         self.prioritized = bool(prioritized)
+        self.fused = bool(fused)
         self.sampler: PrioritizedSampler | UniformSampler = (
             PrioritizedSampler(self.storage, n_step, alpha, priority_eps, tree_fanout, fused) if prioritized
             else UniformSampler(self.storage, n_step)
         )
-        self.returns = NStepReturns(self.storage, n_step, gamma)
-        self.her = FutureGoals(self.storage, episode_length, her_k) if her else None
+        # the n-step window's device constants (capturable)
+        self.offsets = gather_ops.window_offsets(self.n_step, self.num_envs, self.device)  # [n]
+        self.gamma_powers = gather_ops.gamma_powers(self.n_step, gamma, self.device)  # [n + 1] f32
+        self.relabel_probability = her_k / (her_k + 1.0) if her else None
+        fields = self.storage.fields
+        # HER 'future' on the ring (an attribute the planner's trace charges to HER: System.memory_calls)
+        self.her: Relabel | None = None if not her else functools.partial(
+            gather_ops.future_goals, achieved=fields["achieved"], episode_step=fields["episode_step"],
+            written=self.storage.written, num_envs=self.num_envs, episode_length=self.episode_length,
+            relabel_probability=self.relabel_probability)
         self.use_compiled(compile)
 
     def use_compiled(self, enabled: bool) -> None:
@@ -106,7 +121,7 @@ class ReplayBuffer:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every device tensor this buffer allocates (the planner counts their bytes)."""
-        return [*self.storage.tensors(), *self.sampler.tensors(), *self.returns.tensors()]
+        return [*self.storage.tensors(), *self.sampler.tensors(), self.offsets, self.gamma_powers]
 
     # ---- collector side ------------------------------------------------------------------------------
     def write(self, rows: dict[str, torch.Tensor]) -> None:
@@ -149,27 +164,28 @@ class ReplayBuffer:
         batch["weight"] = weight
         return batch
 
+    def gathers_fused(self) -> bool:
+        """Whether the gather is the operator ``fitdqn::replay_gather``: ``fused``, not compiled (compiling keeps the
+        torch maths), and a goal bonus the operator takes (asked at each call: the system sets ``goal_reward`` once
+        its env exists)."""
+        return self.fused and not self.compiled and gather_ops.fusable(self.goal_reward)
+
     def gather_with_uniforms(self, index: torch.Tensor, uniform: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Pure: the batch for slots ``index [B]``; ``uniform [B, 2]`` f64 drives HER."""
-        fields = self.storage.fields
-        agent = fields["agent"][index]  # [B, Fa]
-        goal = agent[:, self.goal_column]  # [B]
-        if self.her is not None:
-            goal, _ = self.her(index, goal, uniform)
-        window = self.returns(index, goal, self.goal_reward)
-        next_agent = fields["next_agent"][window.last]  # [B, Fa]
-        agent[:, self.goal_column] = goal
-        next_agent[:, self.goal_column] = goal
-        return {
-            "bar": fields["bar"][index].long(),  # [B]
-            "agent": agent,
-            "action": fields["action"][index].long(),  # [B, 3]
-            "reward": window.reward,
-            "discount": window.discount,
-            "next_bar": fields["bar"][window.last].long() + 1,  # [B]
-            "next_agent": next_agent,
-            "index": index,
-        }
+        """Pure: the batch for slots ``index [B]``; ``uniform [B, 2]`` f64 drives HER. Keys :data:`BATCH_KEYS`
+        (bar [B] int64, agent [B, Fa], action [B, 3] int64, reward [B] f32, discount [B] f32, next_bar [B] int64,
+        next_agent [B, Fa]) and ``index``."""
+        f = self.storage.fields
+        if self.gathers_fused():
+            bonus = None if self.goal_reward is None else self.goal_reward.bonus
+            batch = gather_ops.replay_gather(
+                f["agent"], f["next_agent"], f["bar"], f["action"], f["reward"], f["achieved"], f["episode_step"],
+                f["flags"], index, uniform, self.storage.written, self.gamma_powers, self.n_step, self.num_envs,
+                self.episode_length, self.relabel_probability, self.goal_column, bonus)
+        else:
+            batch = gather_ops.gather_reference(
+                f["agent"], f["next_agent"], f["bar"], f["action"], f["reward"], f["achieved"], f["flags"], index,
+                uniform, self.offsets, self.gamma_powers, self.goal_column, self.her, self.goal_reward)
+        return {**dict(zip(BATCH_KEYS, batch, strict=True)), "index": index}
 
     def observed(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Add ``obs`` / ``next_obs`` [B, W, S] through the ``observe`` callable, if one was given."""
