@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from triton_interpreter import run_under_interpreter
 
 from fitdqn.device.graphs import capture_graph
-from fitdqn.ops.replay_gather import GoalCrossing, gamma_powers, replay_gather
+from fitdqn.ops.replay_gather import GoalCrossing, powers_of_gamma, replay_gather
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 RETURN_TOLERANCE = 1e-6  # relative: fp32 sums of up to n terms in another order
@@ -102,7 +102,7 @@ def test_bad_inputs_are_refused():
     index = sampleable(buffer, 30, repeats=1)
     inputs = list(operator_inputs(buffer, index, torch.rand(index.numel(), 2, dtype=torch.float64), None))
     for position, bad in ((8, index.int()), (9, torch.rand(index.numel(), 3, dtype=torch.float64)),
-                          (11, gamma_powers(4, 0.9, "cpu")), (16, 99)):
+                          (11, powers_of_gamma(4, 0.9, "cpu")), (16, 99)):
         wrong = [*inputs]
         wrong[position] = bad
         with pytest.raises(ValueError, match="replay_gather takes"):

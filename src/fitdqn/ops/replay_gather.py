@@ -81,7 +81,7 @@ def window_offsets(n_step: int, num_envs: int, device: torch.device | str) -> to
     return torch.tensor([k * num_envs for k in range(n_step)], dtype=torch.int64, device=device)
 
 
-def gamma_powers(n_step: int, gamma: float, device: torch.device | str) -> torch.Tensor:
+def powers_of_gamma(n_step: int, gamma: float, device: torch.device | str) -> torch.Tensor:
     """``[n + 1]`` f32: ``gamma ** k`` in float64 on the host, rounded to f32 once (a host list, as
     :func:`window_offsets`)."""
     return torch.tensor([float(gamma) ** k for k in range(n_step + 1)], dtype=torch.float32, device=device)

@@ -82,7 +82,7 @@ class ReplayBuffer:
         )
         # the n-step window's device constants (capturable)
         self.offsets = gather_ops.window_offsets(self.n_step, self.num_envs, self.device)  # [n]
-        self.gamma_powers = gather_ops.gamma_powers(self.n_step, gamma, self.device)  # [n + 1] f32
+        self.gamma_powers = gather_ops.powers_of_gamma(self.n_step, gamma, self.device)  # [n + 1] f32
         self.relabel_probability = her_k / (her_k + 1.0) if her else None
         fields = self.storage.fields
         # HER 'future' on the ring (an attribute the planner's trace charges to HER: System.memory_calls)
