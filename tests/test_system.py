@@ -60,3 +60,15 @@ def test_the_update_draws_no_noise_itself():
         outs.append(system.learner.update({key: value.clone() for key, value in batch.items()}))
     for key in outs[0]:
         assert torch.equal(outs[0][key], outs[1][key]), key
+
+
+@pytest.mark.parametrize("her", [False, True])
+def test_the_goal_bonus_comes_with_her_only(her):
+    """replay.her: with HER the replay adds the env's goal bonus to the sampled rewards; without it (the default) the
+    rewards are the stored ones, the P&L the env wrote, whatever goal the agent row holds."""
+    config = for_device(with_overrides(Config(), {"replay.her": her, "collect.num_envs": 4}), "cpu")
+    system = stand_in_system(config, num_bars=2000, capacity=4 * 64, batch_size=16, device=torch.device("cpu"))
+    assert (system.replay.goal_reward is not None) == her
+    if her:
+        before, after, goal = torch.tensor([0.0, 0.0]), torch.tensor([2.0, 0.5]), torch.tensor([1.0, 1.0])
+        assert torch.equal(system.replay.goal_reward(before, after, goal), torch.tensor([system.env.goal_bonus, 0.0]))

@@ -131,7 +131,8 @@ def build_system(config: Config, market: Market, device: torch.device, *, capaci
         market = market_on(market, device)
         env = FuturesEnv.from_config(config, "train", market=market, device=device, goal_unit=goal_unit)
         features.append(env.features)
-        replay.goal_reward = env.goal_reward
+        if config.replay.her:  # the goal bonus comes with HER's goals only (replay.her); off, the reward is the P&L's
+            replay.goal_reward = env.goal_reward
     with measure("networks"):
         learner = Learner(config, env.state_dim, device)
         learner.set_batch_size(batch_size)
