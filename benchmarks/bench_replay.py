@@ -132,7 +132,7 @@ def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool, f
     buffer = ReplayBuffer(
         spec, capacity, args.num_envs, n_step=3, gamma=0.99, episode_length=args.episode_length,
         goal_column=GOAL_COLUMN, goal_reward=goal_reward, prioritized=prioritized, alpha=0.6, priority_eps=1e-6,
-        her=True, her_k=4, tree_fanout=args.fanout, compile=False, fused=fused, device=device,
+        her=True, her_k=4, tree_fanout=args.fanout, compile=False, fused=fused, fused_gather=fused, device=device,
     )
     generator = torch.Generator(device).manual_seed(0)
     fill(buffer, args.episode_length, args.agent_dim, generator)

@@ -47,7 +47,7 @@ def filled(n_step: int, her: bool, bonus: bool, terminal: float, terminal_sets_e
 
     env = FakeEnv(NUM_ENVS, LENGTH, terminal, terminal_sets_end=terminal_sets_end, seed=seed)
     buffer = ReplayBuffer(transition_spec(), steps * NUM_ENVS, NUM_ENVS, **buffer_options(
-        n_step=n_step, gamma=GAMMA, episode_length=LENGTH, her=her, fused=fused, device=device),
+        n_step=n_step, gamma=GAMMA, episode_length=LENGTH, her=her, fused=fused, fused_gather=fused, device=device),
         goal_reward=GoalCrossing(BONUS) if bonus else None)
     for _ in range(written):
         buffer.write({name: row.to(device) for name, row in env.step().items()})

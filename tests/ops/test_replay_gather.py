@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from replay_gather_interpreter import CASES, GAMMA, INTEGERS, LENGTH, ROWS, filled, sampleable
-from support.replay_reference import buffer_options, gather_at_4a736f8, goal_reward
+from support.replay_reference import GOAL_COLUMN, buffer_options, gather_at_4a736f8, goal_reward, transition_spec
 from torch._subclasses.fake_tensor import FakeTensorMode
 from triton_interpreter import run_under_interpreter
 
+from fitdqn.config import Config, with_overrides
 from fitdqn.device.graphs import capture_graph
 from fitdqn.ops.replay_gather import GoalCrossing, powers_of_gamma, replay_gather
+from fitdqn.replay import ReplayBuffer
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 RETURN_TOLERANCE = 1e-6  # relative: fp32 sums of up to n terms in another order
@@ -159,3 +161,15 @@ def test_the_cuda_operator_captures_in_a_cuda_graph():
         assert_same_batch({key: value.clone() for key, value in batch.items()},
                           buffer.gather_with_uniforms(index, uniform))
         buffer.fused = True
+
+
+@pytest.mark.parametrize("fused_gather", [False, True])
+def test_the_config_chooses_the_operator(fused_gather):
+    """replay.fused_gather (off by default) with the Triton kernel set: the buffer a run builds gathers through
+    fitdqn::replay_gather once the env's goal bonus is set; without the Triton kernel set it never does."""
+    assert Config().replay.fused_gather is False
+    for kernels, fused in (("triton", fused_gather), ("torch", False)):
+        config = with_overrides(Config(), {"replay.fused_gather": fused_gather, "net.kernels": kernels})
+        buffer = ReplayBuffer.from_config(config, transition_spec(), 64 * 30, goal_column=GOAL_COLUMN, device="cpu",
+                                          goal_reward=GoalCrossing(0.5), num_envs=64)
+        assert buffer.gathers_fused() == fused

@@ -32,16 +32,17 @@ def same_step(derived, traced) -> None:
     assert keyed(derived.events) == keyed(traced.events)
 
 
-@pytest.mark.parametrize(("device", "first", "kernels"), [
-    (what_if("rtx3050", None, int(1.7 * 2**30)), 4096, "auto"),
+@pytest.mark.parametrize(("device", "first", "overrides"), [
+    (what_if("rtx3050", None, int(1.7 * 2**30)), 4096, {}),
     # the Triton operators' fake kernels, which need no Triton: what a GPU machine traces, here on every machine
-    (what_if("rtx3050", None, int(1.7 * 2**30)), 4096, "triton"),
-    (CPU, 512, "auto"),
-], ids=["cuda", "cuda-triton-kernels", "cpu"])
-def test_the_derived_update_equals_the_traced_one_event_by_event(device, first, kernels):
+    (what_if("rtx3050", None, int(1.7 * 2**30)), 4096, {"net.kernels": "triton"}),
+    (what_if("rtx3050", None, int(1.7 * 2**30)), 4096, {"net.kernels": "triton", "replay.fused_gather": True}),
+    (CPU, 512, {}),
+], ids=["cuda", "cuda-triton-kernels", "cuda-triton-kernels-fused-gather", "cpu"])
+def test_the_derived_update_equals_the_traced_one_event_by_event(device, first, overrides):
     """As the planner fits it (``fit_update``: its first batch, without a warm-up, and twice that), at the first
     batch the plan asks for on each (the graph pool's 4096 on a graphed GPU, 512 on the CPU)."""
-    config, _ = build.trace_config(with_overrides(Config(), {"net.kernels": kernels}), device)
+    config, _ = build.trace_config(with_overrides(Config(), overrides), device)
     shape = build._cuda_shape(device) if device.kind == "cuda" else None
     session = TraceSession(build.make_system_session(config, 2000, 2**15), device.kind, cuda_shape=shape)
     try:

@@ -10,9 +10,10 @@ the same maths in a few fused kernels instead of ~150 small ones; eager is the r
 capturing a CUDA graph (call ``sample`` and ``update_priorities`` once outside the capture). With ``fused`` (the
 resolved ``net.kernels = 'triton'``) the prioritized draw and priority update are the operators of
 :mod:`fitdqn.ops.prioritized` (a few Triton kernels on CUDA, no compiling), and only the gather is compiled. With
-``fused`` and not compiled the gather is the operator ``fitdqn::replay_gather`` (one Triton kernel on CUDA) where
-the goal bonus is a :class:`~fitdqn.ops.replay_gather.GoalCrossing` or none; the maths of HER and the n-step window
-lives in :mod:`fitdqn.ops.replay_gather`, whichever path runs it.
+``fused`` and ``fused_gather`` (``replay.fused_gather``), not compiled, the gather is the operator
+``fitdqn::replay_gather`` (one Triton kernel on CUDA) where the goal bonus is a
+:class:`~fitdqn.ops.replay_gather.GoalCrossing` or none; the maths of HER and the n-step window lives in
+:mod:`fitdqn.ops.replay_gather`, whichever path runs it.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class ReplayBuffer:
         device: torch.device | str,
         goal_reward: GoalReward | None = None,
         observe: Observe | None = None,
+        fused_gather: bool = False,
     ):
         missing = [name for name in REQUIRED_FIELDS if name not in spec]
         if missing:
@@ -76,6 +78,7 @@ class ReplayBuffer:
         self.observe = observe
         self.prioritized = bool(prioritized)
         self.fused = bool(fused)
+        self.fused_gather = bool(fused_gather)
         self.sampler: PrioritizedSampler | UniformSampler = (
             PrioritizedSampler(self.storage, n_step, alpha, priority_eps, tree_fanout, fused) if prioritized
             else UniformSampler(self.storage, n_step)
@@ -116,7 +119,8 @@ class ReplayBuffer:
             n_step=config.learn.n_step, gamma=config.learn.gamma,
             episode_length=config.market.episode_length, goal_column=goal_column, goal_reward=goal_reward,
             prioritized=r.prioritized, alpha=r.alpha, priority_eps=r.priority_eps, her=r.her, her_k=r.her_k,
-            tree_fanout=r.tree_fanout, observe=observe, compile=r.compile, fused=fused, device=device,
+            tree_fanout=r.tree_fanout, observe=observe, compile=r.compile, fused=fused, fused_gather=r.fused_gather,
+            device=device,
         )
 
     def tensors(self) -> list[torch.Tensor]:
@@ -165,10 +169,10 @@ class ReplayBuffer:
         return batch
 
     def gathers_fused(self) -> bool:
-        """Whether the gather is the operator ``fitdqn::replay_gather``: ``fused``, not compiled (compiling keeps the
-        torch maths), and a goal bonus the operator takes (asked at each call: the system sets ``goal_reward`` once
-        its env exists)."""
-        return self.fused and not self.compiled and gather_ops.fusable(self.goal_reward)
+        """Whether the gather is the operator ``fitdqn::replay_gather``: ``fused`` and ``fused_gather``, not compiled
+        (compiling keeps the torch maths), and a goal bonus the operator takes (asked at each call: the system sets
+        ``goal_reward`` once its env exists)."""
+        return self.fused and self.fused_gather and not self.compiled and gather_ops.fusable(self.goal_reward)
 
     def gather_with_uniforms(self, index: torch.Tensor, uniform: torch.Tensor) -> dict[str, torch.Tensor]:
         """Pure: the batch for slots ``index [B]``; ``uniform [B, 2]`` f64 drives HER. Keys :data:`BATCH_KEYS`
