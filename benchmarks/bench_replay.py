@@ -284,7 +284,7 @@ def bench_plain(args, capacity: int, device: torch.device) -> list[dict]:
     buffer = ReplayBuffer(
         spec, capacity, args.num_envs, n_step=3, gamma=0.99, episode_length=args.episode_length,
         goal_column=GOAL_COLUMN, goal_reward=goal_reward, prioritized=True, alpha=0.6, priority_eps=1e-6, her=True,
-        her_k=4, tree_fanout=args.fanout, compile=False, fused=False, device=device,
+        her_k=4, tree_fanout=args.fanout, compile=False, fused=False, fused_gather=False, device=device,
     )
     fill(buffer, args.episode_length, args.agent_dim, torch.Generator(device).manual_seed(0))
     plain = PlainPrioritizedReplay(buffer.storage.fields, buffer.storage.written, buffer.num_envs,
@@ -324,8 +324,8 @@ def check_against_cpu(args, device: torch.device) -> dict:
     spec, num_envs, capacity = transition_spec(args.agent_dim), 64, 64 * 40
     kwargs = dict(n_step=3, gamma=0.99, episode_length=16, goal_column=GOAL_COLUMN, goal_reward=goal_reward,
                   prioritized=True, alpha=0.6, priority_eps=1e-6, her=True, her_k=4, tree_fanout=8)
-    cpu = ReplayBuffer(spec, capacity, num_envs, device="cpu", compile=False, fused=False, **kwargs)
-    dev = ReplayBuffer(spec, capacity, num_envs, device=device, compile=True, fused=False, **kwargs)
+    cpu = ReplayBuffer(spec, capacity, num_envs, device="cpu", compile=False, fused=False, fused_gather=False, **kwargs)
+    dev = ReplayBuffer(spec, capacity, num_envs, device=device, compile=True, fused=False, fused_gather=False, **kwargs)
     fill(cpu, 16, args.agent_dim, torch.Generator().manual_seed(0))
     for t in range(cpu.storage.steps):
         rows = {name: field[t * num_envs:(t + 1) * num_envs] for name, field in cpu.storage.fields.items()}

@@ -19,7 +19,8 @@ def buffer_options(**overrides) -> dict:
     r = config.replay
     options = dict(n_step=config.learn.n_step, gamma=config.learn.gamma, episode_length=config.market.episode_length,
                    goal_column=GOAL_COLUMN, prioritized=r.prioritized, alpha=r.alpha, priority_eps=r.priority_eps,
-                   her=r.her, her_k=r.her_k, tree_fanout=r.tree_fanout, compile=False, fused=False, device="cpu")
+                   her=r.her, her_k=r.her_k, tree_fanout=r.tree_fanout, compile=False, fused=False,
+                   fused_gather=r.fused_gather, device="cpu")
     return {**options, **overrides}
 
 

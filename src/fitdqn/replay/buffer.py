@@ -56,10 +56,10 @@ class ReplayBuffer:
         tree_fanout: int,
         compile: bool,
         fused: bool,
+        fused_gather: bool,
         device: torch.device | str,
         goal_reward: GoalReward | None = None,
         observe: Observe | None = None,
-        fused_gather: bool = False,
     ):
         missing = [name for name in REQUIRED_FIELDS if name not in spec]
         if missing:
