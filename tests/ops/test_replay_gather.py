@@ -165,9 +165,9 @@ def test_the_cuda_operator_captures_in_a_cuda_graph():
 
 @pytest.mark.parametrize("fused_gather", [False, True])
 def test_the_config_chooses_the_operator(fused_gather):
-    """replay.fused_gather (off by default) with the Triton kernel set: the buffer a run builds gathers through
+    """replay.fused_gather (on by default) with the Triton kernel set: the buffer a run builds gathers through
     fitdqn::replay_gather once the env's goal bonus is set; without the Triton kernel set it never does."""
-    assert Config().replay.fused_gather is False
+    assert Config().replay.fused_gather is True
     for kernels, fused in (("triton", fused_gather), ("torch", False)):
         config = with_overrides(Config(), {"replay.fused_gather": fused_gather, "net.kernels": kernels})
         buffer = ReplayBuffer.from_config(config, transition_spec(), 64 * 30, goal_column=GOAL_COLUMN, device="cpu",

@@ -76,7 +76,8 @@ RUN = {"train.epochs": 5, "train.checkpoint_every": 2, "train.eval_every": 2}
 
 
 def drive(args: list[str], shared: dict, kill_at: list[list[int | str]] = ()) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(SRC), "PLAN_FILE": str(shared["plan_file"]),
+    path = os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))  # the caller's packages too
+    env = {**os.environ, "PYTHONPATH": path, "PLAN_FILE": str(shared["plan_file"]),
            "KILL_AT": json.dumps(list(kill_at)), "OMP_NUM_THREADS": str(torch.get_num_threads()),
            "MKL_NUM_THREADS": str(torch.get_num_threads())}
     return subprocess.run([sys.executable, "-c", DRIVER, *args], env=env, capture_output=True, text=True,
