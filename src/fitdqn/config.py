@@ -198,7 +198,7 @@ class ReplayConfig:
     fused_gather: bool = knob(True, "gather a batch (HER goals, n-step returns, the rows) with one operator, "
                               "fitdqn::replay_gather, where net.kernels resolves to 'triton': one Triton kernel on "
                               "CUDA instead of a few dozen small ones, the same maths (0.070 against 0.30 ms for a "
-                              "prioritized sample and update of 8192 on an H100, BENCHMARKS.md); false: the torch maths")
+                              "prioritized sample and update of 8192 on an H100, BENCHMARKS.md); false: torch maths")
     tree_fanout: int = knob(64, "children per node of the prioritized sum tree (wide: a shallow tree, a few "
                             "batched kernels per descent; each descent step reads this many priorities per "
                             "sample)", ge=2)
