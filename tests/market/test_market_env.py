@@ -14,12 +14,12 @@ from fitdqn.market.contract import ContractSpec
 from fitdqn.market.env import (
     ACHIEVED_COLUMN,
     AGENT_FIELDS,
+    EPISODE_END,
     EXIT_EPISODE_END,
     EXIT_NONE,
     EXIT_STOP,
     EXIT_TAKE_PROFIT,
     GOAL_COLUMN,
-    LAST,
     TERMINAL,
     FuturesEnv,
     env_state_bytes,
@@ -102,7 +102,7 @@ def test_fill_at_next_open_hold_and_liquidate():
     # last step: hold through bar 3 then liquidate at its close with slippage and commission
     out = env.step(act(LONG1, 0, 0))
     assert out["pnl"].item() == pytest.approx((101.75 - 102.5 - 0.25) * 50 - 2.5)  # -52.5
-    assert out["exit"].item() == EXIT_EPISODE_END and out["flags"].item() == TERMINAL | LAST
+    assert out["exit"].item() == EXIT_EPISODE_END and out["flags"].item() == TERMINAL | EPISODE_END
     assert out["next_agent"][0, AGENT_FIELDS.index("position")] == 0.0
     assert out["achieved"].item() == pytest.approx((35.0 + 50.0 - 52.5) * SCALE)
     # = buy-and-hold from bar 1's open to bar 3's close minus two sides of costs
@@ -183,7 +183,7 @@ def test_episode_reward_of_holding_one_contract_is_buy_and_hold_minus_costs(sp50
     for _ in range(L):
         out = env.step(torch.tensor([[LONG1, 0, 0]] * 16))
         total += out["reward"].double()
-    assert (out["flags"] == TERMINAL | LAST).all()
+    assert (out["flags"] == TERMINAL | EPISODE_END).all()
     p = market.prices.double()
     es = market.contract
     expected = ((p[start + L, 3] - p[start + 1, 0]) * es.multiplier - 2 * es.cost_per_side) * 1e-3
@@ -203,7 +203,7 @@ def test_episodes_start_after_warmup_and_reset_inside_step(sp500_market):
         out = env.step(torch.randint(0, 5, (64, 3), generator=g))
         assert (out["episode_step"] == k % L).all()
         assert torch.equal(out["bar"].long(), before)
-        ended = (out["flags"] & LAST) != 0
+        ended = (out["flags"] & EPISODE_END) != 0
         assert bool(ended.all()) == (k % L == L - 1)
         if not ended.any():  # the next obs of a transition is (bar + 1, next_agent)
             assert torch.equal(out["current_bar"], before + 1)

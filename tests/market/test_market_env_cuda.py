@@ -8,8 +8,9 @@ import torch
 from support.env import env_options
 
 from fitdqn.config import Config
-from fitdqn.market.env import LAST, FuturesEnv
+from fitdqn.market.env import FuturesEnv
 from fitdqn.market.loader import load_market
+from fitdqn.ops.replay_gather import EPISODE_END
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -42,6 +43,6 @@ def test_graph_replay_matches_eager():
         graph.replay()
         for key in ("bar", "agent", "reward", "achieved", "next_agent", "flags", "current_bar"):
             assert torch.equal(out[key], out_graph[key]), (k, key)
-        if bool(((out_graph["flags"] & LAST) != 0).any()):
+        if bool(((out_graph["flags"] & EPISODE_END) != 0).any()):
             starts.append(out_graph["current_bar"].clone())
     assert len(starts) >= 5 and len({tuple(s[:32].tolist()) for s in starts}) == len(starts)

@@ -14,7 +14,7 @@ from torch import Tensor
 from fitdqn.config import LearnConfig
 from fitdqn.device.graphs import capture_graph
 from fitdqn.learn.learner import Learner
-from fitdqn.market.env import FuturesEnv, state_shapes
+from fitdqn.market.env import EPISODE_END, FuturesEnv, state_shapes
 from fitdqn.replay.buffer import ReplayBuffer
 
 STAT_KEYS = ("reward", "pnl", "cost", "episodes_done")
@@ -52,7 +52,7 @@ class Collector:
         self.stats["reward"].add_(out["reward"].sum())
         self.stats["pnl"].add_(out["pnl"].sum())
         self.stats["cost"].add_(out["cost"].sum())
-        self.stats["episodes_done"].add_((out["flags"] & 2).ne(0).sum())
+        self.stats["episodes_done"].add_((out["flags"] & EPISODE_END).ne(0).sum())
 
     def capture(self, stream: torch.cuda.Stream | None = None, warmup: int = 2) -> None:
         """Capture :meth:`step` in a CUDA graph (warm-up steps run eagerly on a side stream first).

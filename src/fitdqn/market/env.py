@@ -83,11 +83,8 @@ from fitdqn.market.layout import (  # noqa: F401 - the env's layout, re-exported
 from fitdqn.market.loader import Market, load_market
 from fitdqn.market.observation import build_observation
 from fitdqn.market.splits import Split
-from fitdqn.ops.replay_gather import GoalCrossing
+from fitdqn.ops.replay_gather import EPISODE_END, TERMINAL, GoalCrossing  # the flags bits the replay reads
 from fitdqn.replay.spec import FieldSpec
-
-TERMINAL = 1  # flags bit 0: no bootstrap past this step
-LAST = 2  # flags bit 1: last step of the episode
 
 EXIT_NONE, EXIT_STOP, EXIT_TAKE_PROFIT, EXIT_EPISODE_END = 0, 1, 2, 3
 
@@ -597,7 +594,7 @@ class FuturesEnv:
             ],
             dim=1,
         )  # [E, Fa]
-        flags = last.to(torch.uint8) * (TERMINAL | LAST)
+        flags = last.to(torch.uint8) * (TERMINAL | EPISODE_END)
         u8 = torch.uint8  # the three exits are exclusive (a liquidation needs a position still held)
         exit_code = (
             stop_hit.to(u8) * EXIT_STOP

@@ -33,7 +33,7 @@ from gymnasium.vector.utils import batch_space
 from fitdqn.config import Config
 from fitdqn.market.env import (
     AGENT_FIELDS,
-    LAST,
+    EPISODE_END,
     NUM_BRANCHES,
     TERMINAL,
     FuturesEnv,
@@ -152,7 +152,7 @@ class FuturesGymEnv(gymnasium.Env):
         )
         out = self.env.step(act)
         flags = int(out["flags"][0])  # host sync
-        if flags & LAST:  # the env has already started a new episode inside; show the terminal observation
+        if flags & EPISODE_END:  # the env has already started a new episode inside; show the terminal observation
             obs = self._obs(out["bar"].long() + 1, out["next_agent"])
         else:
             obs = self._obs(out["current_bar"], out["current_agent"])
@@ -215,7 +215,7 @@ class FuturesVectorEnv(VectorEnv):
         # host sync: everything below crosses to numpy
         obs = self.env.observation().cpu().numpy()
         flags = out["flags"].cpu().numpy()
-        ended = (flags & LAST) != 0
+        ended = (flags & EPISODE_END) != 0
         terminal_obs = (
             build_observation(self.env.features, out["bar"].long() + 1, out["next_agent"], self.env.window)
             .cpu()
