@@ -15,16 +15,16 @@ Prints a table and writes JSON to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
-import statistics
 import time
 from collections.abc import Callable
 
 import torch
+from _common import median_ms, write_json
 
 from fitdqn.device.graphs import capture_graph
+from fitdqn.device.probe import resolve_device
 from fitdqn.ops.replay_gather import GoalCrossing
 from fitdqn.provenance import code_commit
 from fitdqn.replay import FieldSpec, ReplayBuffer
@@ -69,28 +69,6 @@ def fill(buffer: ReplayBuffer, episode_length: int, agent_dim: int, generator: t
             "episode_step": torch.full((E,), step, device=device, dtype=torch.int32),
             "flags": flags.to(torch.uint8),
         })
-
-
-def time_loop(step: Callable[[], None], iters: int, warmup: int, device: torch.device) -> float:
-    """Median seconds per call of ``step``."""
-    for _ in range(warmup):
-        step()
-    times = []
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()  # host sync: timing only
-            times.append(start.elapsed_time(end) / 1e3)
-    else:
-        for _ in range(iters):
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def replay_step(buffer: ReplayBuffer, batch: int, beta: torch.Tensor) -> Callable[[], dict]:
@@ -153,7 +131,7 @@ def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool, f
     if args.profile and prioritized and device.type == "cuda":
         profile(dict(modes), device)
     for mode, fn in modes:
-        seconds = time_loop(fn, args.iters, args.warmup, device)
+        seconds = median_ms(fn, device, args.iters, args.warmup) / 1e3
         rows.append({"impl": name, "mode": mode, "capacity": capacity, "batch": args.batch,
                      "fanout": args.fanout if prioritized else None,
                      "ms_per_iter": seconds * 1e3, "samples_per_s": args.batch / seconds})
@@ -174,7 +152,7 @@ def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool, f
                     fn_graph = graphed(fn, device)
                 except Exception:
                     fn_graph = fn
-            seconds = time_loop(fn_graph, args.iters, args.warmup, device)
+            seconds = median_ms(fn_graph, device, args.iters, args.warmup) / 1e3
             how = ", ".join([*(["fused"] if fused else []), *(["compiled"] if buffer.compiled else [])])
             label = f"  part: {part}{f' ({how})' if how else ''}"
             rows.append({"impl": label, "mode": "cuda graph" if fn_graph is not fn else "eager",
@@ -312,7 +290,7 @@ def bench_plain(args, capacity: int, device: torch.device) -> list[dict]:
             rows.append({"impl": "plain-torch sum tree", "mode": "cuda graph", "capacity": capacity,
                          "error": repr(error)[:300]})
     for mode, fn in modes:
-        seconds = time_loop(fn, args.iters, args.warmup, device)
+        seconds = median_ms(fn, device, args.iters, args.warmup) / 1e3
         rows.append({"impl": "plain-torch sum tree", "mode": mode, "capacity": capacity, "batch": args.batch,
                      "ms_per_iter": seconds * 1e3, "samples_per_s": args.batch / seconds,
                      "note": f"binary tree, {plain.depth} levels"})
@@ -395,7 +373,7 @@ def bench_torchrl(args, capacity: int, device: torch.device) -> list[dict]:
                 data, info = buffer.sample(return_info=True)
                 buffer.update_priority(info["index"], data["reward"].abs())
 
-            seconds = time_loop(step, args.iters, args.warmup, device)
+            seconds = median_ms(step, device, args.iters, args.warmup) / 1e3
         except Exception as error:
             rows_out.append({"impl": name, "mode": label, "capacity": capacity, "version": version,
                              "error": repr(error)[:300]})
@@ -432,7 +410,7 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="first compare a small buffer with the CPU")
     parser.add_argument("--out", default="bench_replay.json")
     args = parser.parse_args()
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     args.num_envs = min(args.num_envs, max(1, min(args.capacities) // 64))  # room for episodes
 
     results = []
@@ -469,11 +447,8 @@ def main() -> None:
         else:
             print(f"{row['impl']:34} {row['mode']:11} {row['capacity']:>10} {row['ms_per_iter']:>9.3f} "
                   f"{row['samples_per_s']:>14,.0f}")
-    with open(args.out, "w") as handle:
-        json.dump({"device": name, "torch": torch.__version__, "commit": code_commit(),
-                   "date": time.strftime("%Y-%m-%d", time.gmtime()), "args": vars(args), "results": results},
-                  handle, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.out, {"device": name, "torch": torch.__version__, "commit": code_commit(),
+                          "date": time.strftime("%Y-%m-%d", time.gmtime()), "args": vars(args), "results": results})
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 import torch
+from _common import write_json
 
 from fitdqn.config import Config, for_device, with_overrides
 from fitdqn.device import probe
@@ -102,8 +103,7 @@ def main() -> None:
                                "--data", args.data, "--steps", str(args.steps)],
                               env=env, check=True, stdout=subprocess.PIPE, text=True)
         result["modes"][mode] = json.loads(done.stdout.strip().splitlines()[-1])
-    with open(args.out, "w") as out:
-        json.dump(result, out, indent=2)
+    write_json(args.out, result, announce=False)
     for mode, data in result["modes"].items():
         print(f"{mode}: cuda_graphs = {data['component']['fixed_bytes']} B + "
               f"{data['component']['per_sample_bytes']} B/sample")

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import write_json
 from rich.console import Console
 
 from fitdqn.config import Config, load_config, with_overrides
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
               "torch": torch.__version__, "seconds": seconds, "studies": studies}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "real_bars.json").write_text(json.dumps(record, indent=2))
+    write_json(out / "real_bars.json", record, announce=False)
     (out / "real_bars.md").write_text(markdown)
     console.print(markdown, soft_wrap=True, markup=False, highlight=False)
     return record
