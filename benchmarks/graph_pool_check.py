@@ -2,7 +2,7 @@
 
 For each allocator mode (expandable segments on and off, each in a fresh process: PyTorch reads its allocator
 config once, at start-up) and each batch: build the trainer's captured step for real on the GPU
-(``budget.build.make_train_step``: sample -> update -> priorities), warm it up on the capture stream (its
+(``fitdqn.plan.build.make_train_step``: sample -> update -> priorities), warm it up on the capture stream (its
 cuBLAS workspaces are made there, outside the graph), capture it in a CUDA graph and read the graph's private
 pool from ``torch.cuda.memory_snapshot`` (the segments whose ``segment_pool_id`` is the graph's pool; the
 growth of ``memory_reserved`` over the capture beside it). Next to it, from the same step traced on fake
