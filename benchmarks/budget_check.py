@@ -1,4 +1,4 @@
-"""Does the plan predict the real training step? (issue: VRAM planner, 'Done when').
+"""Does the plan predict the real training step?
 
 For each batch, in a fresh subprocess (so the cuBLAS workspaces, caches and loaded kernels of one batch are not
 in the next one's baseline): build the captured training step for real on the GPU (replay at the planned
