@@ -69,8 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_config(args: argparse.Namespace) -> Config:
     """The default config on synthetic data, its 'auto' values resolved for a GPU (as the trainer does)."""
-    config = with_overrides(Config(), {"market.data": args.data, "replay.capacity": args.capacity,
-                                       "replay.compile": False})
+    config = with_overrides(Config(), {"market.data": args.data, "replay.capacity": args.capacity})
     return for_device(config, "cuda")
 
 

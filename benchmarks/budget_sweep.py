@@ -92,7 +92,7 @@ def sweep_config(overrides: list[str]):
     from fitdqn.config import Config, with_overrides
 
     values = {
-        "market.data": "synthetic", "replay.compile": False, "collect.steps_per_epoch": 8,
+        "market.data": "synthetic", "collect.steps_per_epoch": 8,
         "budget.batch_size": 0, "budget.max_batch": 1 << 22, "train.device": "cuda", "train.epochs": 2,
     }
     values.update(dict(item.split("=", 1) for item in overrides))

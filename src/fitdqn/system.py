@@ -81,11 +81,9 @@ class System:
 
     def memory_calls(self) -> dict[str, list[tuple[object, str]]]:
         """The replay's own work in the update step, for the tracer's attribution: drawing and gathering a
-        batch (HER's relabelling inside it apart) and writing new priorities; building observations is not."""
-        calls = {ComponentName.REPLAY: [(self.replay, "batch_from_uniforms"), (self.replay, "update_priorities")]}
-        if self.replay.her is not None:
-            calls[ComponentName.HER] = [(self.replay, "her")]
-        return calls
+        batch (HER's relabelling included: it is inside the gather operator, which allocates only its results) and
+        writing new priorities; building observations is not."""
+        return {ComponentName.REPLAY: [(self.replay, "batch_from_uniforms"), (self.replay, "update_priorities")]}
 
     def memory_groups(self) -> dict[str, list[torch.nn.Module]]:
         """The modules of each memory group (online and target networks), for the tracer's attribution."""

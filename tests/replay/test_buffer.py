@@ -232,3 +232,11 @@ def test_state_dict_resumes_exactly(prioritized):
 def test_capacity_too_small_for_n_step():
     with pytest.raises(ValueError, match="n_step"):
         ReplayBuffer(transition_spec(), 8, 4, **buffer_options(n_step=3))
+
+
+def test_a_goal_reward_the_gather_operator_does_not_take_is_refused():
+    """The gather operator takes the env's kind of goal bonus (a GoalCrossing) or none: any other callable is
+    refused at construction, saying what is taken."""
+    with pytest.raises(TypeError, match="GoalCrossing"):
+        ReplayBuffer(transition_spec(), 40, 4, **buffer_options(n_step=3),
+                     goal_reward=lambda before, after, goal: after - before)

@@ -49,13 +49,12 @@ def sum_tree_bytes(num_leaves: int, fanout: int) -> int:
 class SumTree:
     """Priorities of ``num_leaves`` slots; sample slots with probability proportional to priority."""
 
-    def __init__(self, num_leaves: int, fanout: int, device: torch.device | str, use_triton: bool | None = None):
+    def __init__(self, num_leaves: int, fanout: int, device: torch.device | str):
         self.num_leaves = int(num_leaves)
         self.fanout = int(fanout)
         self.device = torch.device(device)
         self.levels = [torch.zeros(size, dtype=DTYPE, device=self.device) for size in
                        level_sizes(self.num_leaves, self.fanout)]
-        self.use_triton = sum_tree_ops.available(self.device) if use_triton is None else use_triton
 
     @property
     def leaves(self) -> torch.Tensor:
@@ -87,7 +86,7 @@ class SumTree:
 
         Duplicated parents get the same recomputed sum, so the scatter is deterministic.
         """
-        sum_tree_ops.propagate(self.levels, index, self.fanout, fused=self.use_triton)
+        sum_tree_ops.propagate(self.levels, index, self.fanout)
 
     def rebuild(self) -> None:
         """Recompute every internal node from the leaves (after loading leaves wholesale)."""
