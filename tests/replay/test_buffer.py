@@ -1,3 +1,5 @@
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -205,18 +207,51 @@ def test_observe_callable_builds_obs():
     assert torch.equal(batch["next_obs"][:, 0, 0], batch["next_bar"].float())
 
 
+def saved_and_loaded(state: dict) -> dict:
+    """``state`` through ``torch.save`` and ``torch.load(weights_only=True)``, as a checkpoint holds it."""
+    stream = io.BytesIO()
+    torch.save(state, stream)
+    stream.seek(0)
+    return torch.load(stream, weights_only=True)
+
+
+def stored_bytes(state: dict) -> int:
+    """Bytes of the storages the tensors of a nested ``state`` keep alive: what ``torch.save`` writes."""
+    if isinstance(state, torch.Tensor):
+        return state.untyped_storage().nbytes()
+    return sum(stored_bytes(value) for value in state.values()) if isinstance(state, dict) else 0
+
+
+def assert_same_contents(one: ReplayBuffer, two: ReplayBuffer) -> None:
+    """The same rows, step counter, tree and running max (scratch tensors apart)."""
+    tensors = [[*b.storage.fields.values(), b.storage.written] for b in (one, two)]
+    if one.prioritized:
+        for b, listed in zip((one, two), tensors, strict=True):
+            listed += [*b.sampler.tree.levels, b.sampler.max_priority]
+    for a, b in zip(*tensors, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("written", [7, 13, 27], ids=["part-filled", "just-full", "wrapped"])
 @pytest.mark.parametrize("prioritized", [True, False])
-def test_state_dict_resumes_exactly(prioritized):
-    buffer, env = filled(written=27, prioritized=prioritized, her=True)
+def test_state_dict_holds_the_filled_part_and_resumes_exactly(prioritized, written):
+    """The state holds the ring's filled rows and the tree's leaves up to them, each tensor owning no more bytes
+    than it shows (a view would save its whole buffer); through torch.save and back the buffer samples and updates as
+    the original, bit for bit."""
+    buffer, env = filled(written=written, prioritized=prioritized, her=True)  # 13 ring steps of 4 envs
     buffer.update_priorities(torch.arange(0, 20), torch.rand(20))
-    state = {k: v for k, v in buffer.state_dict().items()}
-    saved = {
-        **state,
-        "storage": {k: v.clone() for k, v in state["storage"].items()},
-        "sampler": {k: v.clone() for k, v in state["sampler"].items()},
-    }
+    state = buffer.state_dict()
+    filled_slots = min(written, buffer.storage.steps) * buffer.num_envs
+    assert all(t.shape[0] == filled_slots for key, t in state["storage"].items() if key.startswith("field."))
+    shown = sum(t.numel() * t.element_size() for part in ("storage", "sampler") for t in state[part].values())
+    assert stored_bytes(state) == shown
+    if prioritized:
+        tree = buffer.sampler.tree
+        leaves = state["sampler"][f"tree.level{len(tree.levels) - 1}"]
+        assert leaves.shape[0] == (filled_slots if filled_slots < buffer.capacity else tree.leaves.shape[0])
     fresh, _ = filled(written=0, prioritized=prioritized, her=True)
-    fresh.load_state_dict(saved)
+    fresh.load_state_dict(saved_and_loaded(state))
+    assert_same_contents(buffer, fresh)
     rows = env.step()
     for b in (buffer, fresh):
         b.write({k: v.clone() for k, v in rows.items()})
@@ -224,9 +259,12 @@ def test_state_dict_resumes_exactly(prioritized):
     two = fresh.sample(64, 0.5, torch.Generator().manual_seed(7))
     for key in one:
         assert torch.equal(one[key], two[key]), key
+    for b, batch in ((buffer, one), (fresh, two)):
+        b.update_priorities(batch["index"], batch["reward"].abs())
+    assert_same_contents(buffer, fresh)
     other, _ = filled(written=0, steps=14)
     with pytest.raises(ValueError, match="capacity"):
-        other.load_state_dict(saved)
+        other.load_state_dict(state)
 
 
 def test_capacity_too_small_for_n_step():

@@ -114,7 +114,8 @@ class PrioritizedSampler:
                                            self.eps, self.tree.fanout)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        tree = {f"tree.{k}": v for k, v in self.tree.state_dict().items()}
+        """The running max and the tree, its leaves up to the ring's filled slots (the others are 0)."""
+        tree = {f"tree.{k}": v for k, v in self.tree.state_dict(leaves=self.storage.filled()).items()}
         return {"max_priority": self.max_priority, **tree}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
