@@ -28,7 +28,8 @@ from fitdqn.device.probe import resolve_device
 from fitdqn.ops import sum_tree as sum_tree_ops
 from fitdqn.ops.replay_gather import GoalCrossing
 from fitdqn.provenance import code_commit
-from fitdqn.replay import FieldSpec, ReplayBuffer
+from fitdqn.replay import ReplayBuffer
+from fitdqn.transitions import FieldSpec
 
 GOAL_COLUMN = 5
 

@@ -20,12 +20,12 @@ GAMMA = 0.9
 
 
 def filled(num_envs=4, steps=13, written=31, length=6, n_step=3, terminal=0.15, her=False,
-           prioritized=True, with_goal_reward=True, terminal_sets_end=True, seed=0):
+           prioritized=True, with_goal_reward=True, terminal_sets_end=True, seed=0, observe=None):
     env = FakeEnv(num_envs, length, terminal, terminal_sets_end=terminal_sets_end, seed=seed)
     buffer = ReplayBuffer(
         transition_spec(), steps * num_envs, num_envs, **buffer_options(
             n_step=n_step, gamma=GAMMA, episode_length=length, prioritized=prioritized, her=her),
-        goal_reward=goal_reward if with_goal_reward else None,
+        goal_reward=goal_reward if with_goal_reward else None, observe=observe,
     )
     for _ in range(written):
         buffer.write(env.step())
@@ -200,8 +200,7 @@ def test_early_fill_uniform_window():
 
 
 def test_observe_callable_builds_obs():
-    buffer, _ = filled(written=20)
-    buffer.observe = lambda bar, agent: torch.cat([bar.float().unsqueeze(1), agent], 1).unsqueeze(1)
+    buffer, _ = filled(written=20, observe=lambda bar, agent: torch.cat([bar.float().unsqueeze(1), agent], 1)[:, None])
     batch = buffer.sample(16, 0.4, torch.Generator().manual_seed(0))
     assert batch["obs"].shape == (16, 1, 7)
     assert torch.equal(batch["next_obs"][:, 0, 0], batch["next_bar"].float())

@@ -7,7 +7,7 @@ import torch
 
 from fitdqn.config import Config
 from fitdqn.ops.replay_gather import GoalCrossing
-from fitdqn.replay.spec import FieldSpec
+from fitdqn.transitions import FieldSpec
 
 AGENT_DIM = 6
 GOAL_COLUMN = 4

@@ -83,8 +83,8 @@ from fitdqn.market.layout import (  # noqa: F401 - the env's layout, re-exported
 from fitdqn.market.loader import Market, load_market
 from fitdqn.market.observation import build_observation
 from fitdqn.market.splits import Split
-from fitdqn.ops.replay_gather import EPISODE_END, TERMINAL, GoalCrossing  # the flags bits the replay reads
-from fitdqn.replay.spec import FieldSpec
+from fitdqn.ops.replay_gather import GoalCrossing
+from fitdqn.transitions import EPISODE_END, TERMINAL, FieldSpec  # the transition contract: fields and flags bits
 
 EXIT_NONE, EXIT_STOP, EXIT_TAKE_PROFIT, EXIT_EPISODE_END = 0, 1, 2, 3
 

@@ -46,9 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from fitdqn.ops.kernels import triton_available, triton_module
-
-TERMINAL = 1  # flags bit 0: no bootstrap
-EPISODE_END = 2  # flags bit 1: last step of the episode
+from fitdqn.transitions import EPISODE_END, TERMINAL
 
 GoalReward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (before, after, goal) -> bonus
 Relabel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (index, goal, uniform) -> goal

@@ -20,8 +20,8 @@ import torch
 from fitdqn.ops import replay_gather as gather_ops
 from fitdqn.ops.replay_gather import GoalCrossing
 from fitdqn.replay.sampler import PrioritizedSampler, UniformSampler, sampleable_steps
-from fitdqn.replay.spec import TransitionSpec
 from fitdqn.replay.storage import RingStorage
+from fitdqn.transitions import TransitionSpec
 
 REQUIRED_FIELDS = ("bar", "agent", "action", "reward", "achieved", "next_agent", "episode_step", "flags")
 BATCH_KEYS = ("bar", "agent", "action", "reward", "discount", "next_bar", "next_agent")  # the gather's, in order

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from fitdqn.replay.spec import TransitionSpec
+from fitdqn.transitions import TransitionSpec
 
 
 def filled_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
