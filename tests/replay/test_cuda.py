@@ -4,6 +4,8 @@ import pytest
 import torch
 from support.replay_reference import FakeEnv, buffer_options, goal_reward, transition_spec
 
+from fitdqn.ops import prioritized as prioritized_ops
+from fitdqn.ops import replay_gather as replay_gather_ops
 from fitdqn.ops import sum_tree as sum_tree_ops
 from fitdqn.replay import ReplayBuffer, SumTree
 
@@ -32,7 +34,15 @@ def test_triton_rebuild_matches_torch(fanout):
 
 
 @cuda
-def test_sample_and_update_capture_in_a_cuda_graph():
+@pytest.mark.parametrize("triton", [True, False], ids=["triton", "torch-maths"])
+def test_sample_and_update_capture_in_a_cuda_graph(triton, monkeypatch):
+    """The replay's step in a CUDA graph, with its operators' Triton kernels and with Triton off (their CUDA kernels
+    then run the torch maths, which must be capturable too)."""
+    if not triton:
+        for module in (prioritized_ops, replay_gather_ops, sum_tree_ops):
+            monkeypatch.setattr(module, "triton_available", lambda: False)
+    elif not sum_tree_ops.triton_available():
+        pytest.skip("needs Triton")
     env = FakeEnv(32, 10, 0.05, seed=4)
     buffer = ReplayBuffer(transition_spec(), 32 * 20, 32, **buffer_options(
         n_step=3, gamma=0.99, episode_length=10, device="cuda"), goal_reward=goal_reward)

@@ -67,15 +67,16 @@ class GoalCrossing:
 
 
 def window_offsets(n_step: int, num_envs: int, device: torch.device | str) -> torch.Tensor:
-    """``[n]`` int64: slot offsets ``k * E`` of a window's steps. From a host list, not device arithmetic: on the
-    'meta' device of the planner's replay sizing a factory is free, while the first arange or pow there imports
-    torch's Python decompositions (about 1.5 s)."""
-    return torch.tensor([k * num_envs for k in range(n_step)], dtype=torch.int64, device=device)
+    """``[n]`` int64: slot offsets ``k * E`` of a window's steps, by device arithmetic: the torch maths makes them at
+    each call, which a CUDA graph captures (the CUDA kernel where Triton is off), where a host list's copy would not
+    be."""
+    return torch.arange(n_step, dtype=torch.int64, device=device) * num_envs
 
 
 def powers_of_gamma(n_step: int, gamma: float, device: torch.device | str) -> torch.Tensor:
-    """``[n + 1]`` f32: ``gamma ** k`` in float64 on the host, rounded to f32 once (a host list, as
-    :func:`window_offsets`)."""
+    """``[n + 1]`` f32: ``gamma ** k`` in float64 on the host, rounded to f32 once. From a host list, not device
+    arithmetic: on the 'meta' device of the planner's replay sizing a factory is free, while the first pow there
+    imports torch's Python decompositions (about 1.5 s)."""
     return torch.tensor([float(gamma) ** k for k in range(n_step + 1)], dtype=torch.float32, device=device)
 
 
