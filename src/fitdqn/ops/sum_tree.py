@@ -5,9 +5,9 @@ of ``fanout`` long).
 :func:`propagate_reference` is the torch maths (a gather, a row sum and a scatter per level: 4 kernels), the
 reference the Triton kernel of :mod:`fitdqn.ops.sum_tree_triton` (one kernel per level) is checked against;
 :func:`propagate` picks one by the levels' device (the Triton kernel for CUDA levels where Triton runs). Not a custom
-operator: it writes the levels in place and allocates nothing on the
-Triton path, and the planner traces a CUDA target on fake *CPU* tensors (``fitdqn.memory.trace.fake_device_for``),
-where the torch maths runs; a Triton kernel must never be launched on fake tensors (their storage has no memory).
+operator: it writes the levels in place and allocates nothing on the Triton path, and the planner traces a CUDA
+target on fake *CPU* tensors (``fitdqn.memory.trace.fake_device_for``), where the torch maths runs; a Triton kernel
+must never be launched on fake tensors (their storage has no memory).
 """
 
 from __future__ import annotations
