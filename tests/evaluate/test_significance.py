@@ -70,7 +70,7 @@ def test_resampled_sharpes_are_bootstrap_sharpes_resamples():
 
 
 def check(agent, baselines, seed=0, samples=300):
-    return reality_check(agent, baselines, 252.0, samples=samples, block_length=0, seed=seed)
+    return reality_check(agent, baselines, 252.0, samples=samples, block_length=0, seed=seed, confidence=0.95)
 
 
 def test_reality_check_under_the_null_is_not_small_and_roughly_uniform():

@@ -51,14 +51,18 @@ def test_walk_forward_study_end_to_end(small_config, tmp_path, capsys):
         assert "Contract: generic" in markdown and "Account: capital" in markdown
         assert f"Code: fitdqn {report['code']['fitdqn']} (commit {report['code']['commit']})" in markdown
     # the joint report: pooled over folds, every baseline with an interval
-    assert set(summary["pooled"]) == {"agent", "buy_and_hold", "ma_crossover", "time_series_momentum",
-                                      "last_bar_momentum", "random"}
+    assert set(summary["pooled"]) == {"agent", "buy_and_hold", "sized_buy_and_hold", "ma_crossover",
+                                      "time_series_momentum", "last_bar_momentum", "random"}
     assert summary["bars"] == sum(t[1] - t[0] - 1 for t in (f["test"] for f in layout))
     assert summary["pooled"]["agent"]["sharpe_ci"]["low"] <= summary["pooled"]["agent"]["sharpe"]
     assert "sharpe_minus_buy_and_hold" in summary["pooled"]["agent"]
     assert set(summary["pooled"]["agent"]["sharpe_minus_rules"]) == {"ma_crossover", "time_series_momentum",
-                                                                     "last_bar_momentum"}
-    assert "The best rule baseline" in summary["verdict"]
+                                                                     "last_bar_momentum", "sized_buy_and_hold"}
+    assert "The best baseline sized by volatility as the agent is" in summary["verdict"]
+    assert summary["pooled"]["agent"]["reality_check"]["baselines"] == ["buy_and_hold", "sized_buy_and_hold",
+                                                                        "ma_crossover", "time_series_momentum",
+                                                                        "last_bar_momentum"]
+    assert "baselines at once" in summary["verdict"]
     # which code trained the members: every member's report says, and the study lists each version once
     assert summary["member_code"] == [json.loads((study_dir / members[0]["dir"] / "report.json").read_text())["code"]]
     assert set(summary["member_code"][0]) == {"fitdqn", "commit", "torch"}

@@ -92,7 +92,7 @@ def deflated_sharpe(sharpe: float, per_year: float, moments: dict[str, Any], tri
 
 # ------------------------------------------------------------------------------------------- reality check
 def reality_check(agent: np.ndarray, baselines: dict[str, np.ndarray], per_year: float, *, samples: int,
-                  block_length: float, seed: int, confidence: float = 0.95) -> dict[str, Any] | None:
+                  block_length: float, seed: int, confidence: float) -> dict[str, Any] | None:
     """The agent's per-bar returns ``agent [n]`` against every baseline's ``[n]`` at once (module docstring), on
     ``samples`` stationary-bootstrap resamples of all of them together. JSON-ready, or None without a baseline:
 
