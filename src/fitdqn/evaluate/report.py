@@ -30,6 +30,7 @@ from fitdqn.evaluate.compare import (
     own_sizing_baselines,
     sharpe_differences,
 )
+from fitdqn.evaluate.ensemble import BRACKET_RULE
 from fitdqn.evaluate.metrics import bar_returns, sharpe_ratio
 from fitdqn.market.contract import ContractSpec
 
@@ -252,9 +253,12 @@ def pooled_returns(members: list[dict[str, Any]], policy: str) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def study_summary(members: list[dict[str, Any]], config: Config, per_year: float) -> dict[str, Any]:
+def study_summary(members: list[dict[str, Any]], config: Config, per_year: float,
+                  ensemble: dict[int, np.ndarray] | None = None) -> dict[str, Any]:
     """Aggregate a study: ``members`` = one dict per (seed, fold) run with ``seed``, ``fold``, ``capital``,
-    ``pnl`` (the run's test P&L frame: a column per policy), ``selected_epoch`` and ``test`` (its results)."""
+    ``pnl`` (the run's test P&L frame: a column per policy), ``selected_epoch`` and ``test`` (its results);
+    ``ensemble``: fold -> the P&L of the fold's ensemble (:mod:`fitdqn.evaluate.ensemble`) on the same bars, the
+    agent of the pooled figures (``agent_book = 'ensemble'``); without it, the seeds' average book is."""
     options = bootstrap_options(config)
     seeds = sorted({m["seed"] for m in members})
     folds = sorted({m["fold"] for m in members})
@@ -266,11 +270,14 @@ def study_summary(members: list[dict[str, Any]], config: Config, per_year: float
         ci = bootstrap_sharpe(r, per_year, **options).to_json() if len(r) > 1 else None
         per_seed.append({"seed": s, "sharpe": _finite(sharpe_ratio(r, per_year)), "sharpe_ci": ci,
                          "selected_epochs": [m["selected_epoch"] for m in sorted(by_seed[s], key=lambda m: m["fold"])]})
-    book = []  # the seeds' average agent P&L per fold, as one member list
+    average, book = [], []  # the seeds' average agent P&L per fold, and the agent's book (the ensemble's, if any)
     for f in folds:
         fold_members = [m for m in members if m["fold"] == f]
         mean_pnl = np.mean([m["pnl"]["agent"].to_numpy() for m in fold_members], axis=0)
-        book.append({"fold": f, "capital": fold_members[0]["capital"], "pnl": pd.DataFrame({"agent": mean_pnl})})
+        average.append({"fold": f, "capital": fold_members[0]["capital"], "pnl": pd.DataFrame({"agent": mean_pnl})})
+        traded = mean_pnl if ensemble is None else np.asarray(ensemble[f])
+        book.append({"fold": f, "capital": fold_members[0]["capital"], "pnl": pd.DataFrame({"agent": traded})})
+    average_returns = pooled_returns(average, "agent")
     book_returns = pooled_returns(book, "agent")
     hold_returns = pooled_returns(first, BUY_AND_HOLD)
     present = [p for p in POLICIES if all(p in m["pnl"].columns for m in first)]  # a baseline n/a on a fold is n/a
@@ -292,12 +299,18 @@ def study_summary(members: list[dict[str, Any]], config: Config, per_year: float
         fold_members = [m for m in members if m["fold"] == f]
         test = fold_members[0]["test"]
         agent = [m["test"]["agent"]["sharpe"] for m in fold_members if m["test"]["agent"]["sharpe"] is not None]
+        fold_book = pooled_returns([b for b in book if b["fold"] == f], "agent")
         per_fold.append({"fold": f, "first_time": test["first_time"], "last_time": test["last_time"],
                          "bars": test["bars"], "agent_median_sharpe": float(np.median(agent)) if agent else None,
+                         "agent_book_sharpe": _finite(sharpe_ratio(fold_book, per_year)),
                          **{n: test[n]["sharpe"] for n in test["policies"] if n != "agent"}})
     return {
         "seeds": seeds, "folds": len(folds), "bars": int(len(book_returns)), "periods_per_year": per_year,
         "per_seed": per_seed, "per_fold": per_fold, "pooled": pooled, "not_applicable": unusable,
+        "agent_book": "average" if ensemble is None else "ensemble",
+        "average_book": {"sharpe": _finite(sharpe_ratio(average_returns, per_year)),
+                         "sharpe_ci": bootstrap_sharpe(average_returns, per_year, **options).to_json()
+                         if len(average_returns) > 1 else None},
         "median_sharpe": float(np.median(sharpes)) if sharpes else None,
         "sharpe_range": [min(sharpes), max(sharpes)] if sharpes else None,
         "seeds_above_zero": sum(1 for p in per_seed if p["sharpe_ci"] and (p["sharpe_ci"]["low"] or 0) > 0),
@@ -314,11 +327,20 @@ def study_verdict(summary: dict[str, Any], config: Config) -> str:
     agent = summary["pooled"]["agent"]
     span = f"{n} seed{'s' if n > 1 else ''}" + (f" x {k} walk-forward folds" if k > 1 else "")
     low, high = summary["sharpe_range"] or (None, None)
-    text = (f"Across {span} ({summary['bars']} test bars{' pooled over the folds' if k > 1 else ''}), the median "
-            f"agent Sharpe is {fmt(summary['median_sharpe'], 2)} (seeds {fmt(low, 2)} to {fmt(high, 2)}); "
-            f"{summary['seeds_above_zero']} of {n} seeds have a {level} interval above zero. The seeds' "
-            f"average book has Sharpe {fmt(agent['sharpe'], 2)} (interval {fmt_ci(agent['sharpe_ci'])}): "
-            f"{judge(agent['sharpe_ci'], 'zero')}. ")
+    members = (f"the median member's Sharpe is {fmt(summary['median_sharpe'], 2)} (seeds {fmt(low, 2)} to "
+               f"{fmt(high, 2)}); {summary['seeds_above_zero']} of {n} seeds have a {level} interval above zero")
+    pooled = " pooled over the folds" if k > 1 else ""
+    if summary.get("agent_book") == "ensemble":
+        each = ", each fold's from the seeds trained on it" if k > 1 else ""
+        average = summary["average_book"]["sharpe"]
+        text = (f"Across {span} ({summary['bars']} test bars{pooled}), the study's ensemble (the seeds' mean "
+                f"target position on one account{each}) has Sharpe {fmt(agent['sharpe'], 2)} (interval "
+                f"{fmt_ci(agent['sharpe_ci'])}): {judge(agent['sharpe_ci'], 'zero')}. Beside it, {members}, and "
+                f"the seeds' average book (each on its own account) has {fmt(average, 2)}. ")
+    else:
+        text = (f"Across {span} ({summary['bars']} test bars{pooled}), {members}. The seeds' average book has Sharpe "
+                f"{fmt(agent['sharpe'], 2)} (interval {fmt_ci(agent['sharpe_ci'])}): "
+                f"{judge(agent['sharpe_ci'], 'zero')}. ")
     diff = agent.get("sharpe_minus_buy_and_hold")
     hold = summary["pooled"].get(BUY_AND_HOLD, {}).get("sharpe")
     if diff:
@@ -339,11 +361,19 @@ def study_markdown(summary: dict[str, Any], config: Config, run_dir: str, contra
              f"Each seed and fold is its own run directory (seed_S/fold_K) with its own report.md. Capital per "
              f"fold: {capital}; Sharpe annualised at {summary['periods_per_year']:g} bars a year; intervals "
              f"{100 * e.confidence:g} %, stationary block bootstrap, {e.bootstrap_samples} resamples. Networks "
-             "were chosen on each fold's validation bars only.", "",
+             "were chosen on each fold's validation bars only."
+             + (f" The ensemble holds the mean of its members' target positions, with {BRACKET_RULE}; `fitdqn act` "
+                "and `fitdqn export` on this directory give the latest fold's ensemble."
+                if summary.get("agent_book") == "ensemble" else ""), "",
              "## Pooled test", "", "| policy | Sharpe | interval |", "|---|---:|---|"]
     for name, entry in summary["pooled"].items():
-        label = "agent (seeds' average book)" if name == "agent" else policy_label(name, config)
+        ensemble = summary.get("agent_book") == "ensemble"
+        label = policy_label(name, config) if name != "agent" else (
+            "agent (the seeds' ensemble)" if ensemble else "agent (seeds' average book)")
         lines.append(f"| {label} | {fmt(entry['sharpe'], 2)} | {fmt_ci(entry['sharpe_ci'])} |")
+        if name == "agent" and ensemble:
+            average = summary["average_book"]
+            lines.append(f"| seeds' average book | {fmt(average['sharpe'], 2)} | {fmt_ci(average['sharpe_ci'])} |")
     for name in summary.get("not_applicable", {}):
         lines.append(f"| {policy_label(name, config)} | n/a | |")
     lines += difference_lines(summary["pooled"]["agent"], config, "agent minus")
@@ -356,12 +386,15 @@ def study_markdown(summary: dict[str, Any], config: Config, run_dir: str, contra
                      f"{', '.join(map(str, p['selected_epochs']))} |")
     if summary["folds"] > 1:
         names = [n for n in POLICIES if n != "agent" and any(n in f for f in summary["per_fold"])]
+        book = "ensemble" if summary.get("agent_book") == "ensemble" else "average book"
         lines += ["", "## Folds (test Sharpe)", "",
-                  "| fold | test bars | agent (median) | " + " | ".join(policy_label(n, config) for n in names) + " |",
-                  "|---:|---|---:|" + "---:|" * len(names)]
+                  f"| fold | test bars | agent ({book}) | agent (median) | "
+                  + " | ".join(policy_label(n, config) for n in names) + " |",
+                  "|---:|---|---:|---:|" + "---:|" * len(names)]
         for f in summary["per_fold"]:
             cells = [fmt(f[n], 2) if n in f else "n/a" for n in names]
             lines.append(f"| {f['fold']} | {f['first_time'][:10]} .. {f['last_time'][:10]} ({f['bars']}) | "
-                         f"{fmt(f['agent_median_sharpe'], 2)} | " + " | ".join(cells) + " |")
+                         f"{fmt(f.get('agent_book_sharpe'), 2)} | {fmt(f['agent_median_sharpe'], 2)} | "
+                         + " | ".join(cells) + " |")
     lines += ["", f"Run directory: {run_dir}", ""]
     return "\n".join(lines)
