@@ -15,7 +15,7 @@ from fitdqn.errors import UserError
 from fitdqn.evaluate.backtest import Policy
 from fitdqn.evaluate.baselines import greedy_policy
 from fitdqn.evaluate.ensemble import EnsemblePolicy, ensemble_levels
-from fitdqn.files import NETWORKS
+from fitdqn.files import NETWORKS, STUDY_NAME
 from fitdqn.learn.learner import Learner
 from fitdqn.market.contract import ContractSpec
 from fitdqn.market.env import STATE_DIM, market_goal_unit, position_levels
@@ -67,15 +67,12 @@ class RunPolicy:
                                 self.config.market.reward)
 
 
-STUDY_LIST = "study.json"  # a study directory's members (fitdqn.train.study.STUDY_NAME)
-
-
 def load_run_policy(run_dir: str | Path, device: torch.device | str, network: str = "best") -> RunPolicy:
     """The trained learner of ``run_dir`` (its ``config.toml``) on ``device``: ``network = 'best'`` the network
     the run's report is about (``best.pt``, chosen on validation), ``'last'`` the latest checkpoint's. A study
     directory (its ``study.json``) gives its latest fold's ensemble (:func:`load_study_policy`)."""
     run_dir = Path(run_dir)
-    if (run_dir / STUDY_LIST).is_file():
+    if (run_dir / STUDY_NAME).is_file():
         return load_study_policy(run_dir, device, network)
     config_path = run_dir / "config.toml"
     if not config_path.is_file():
@@ -101,11 +98,11 @@ def load_study_policy(study_dir: Path, device: torch.device | str, network: str 
     """The ensemble of a study's latest fold: its members (every seed trained on the most recent bars), each with
     its ``network``, as one :class:`RunPolicy` (the first member's config and contract)."""
     try:
-        listed = json.loads((study_dir / STUDY_LIST).read_text())
+        listed = json.loads((study_dir / STUDY_NAME).read_text())
         latest = max(int(m["fold"]) for m in listed)
         dirs = [study_dir / m["dir"] for m in listed if int(m["fold"]) == latest]
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise UserError(f"'{study_dir / STUDY_LIST}' does not list the study's members ({error}); run the study's "
+        raise UserError(f"'{study_dir / STUDY_NAME}' does not list the study's members ({error}); run the study's "
                         "`fitdqn train` command again to write it") from None
     policies = [load_run_policy(sub, device, network) for sub in dirs]
     first = policies[0]

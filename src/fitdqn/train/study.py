@@ -24,7 +24,7 @@ from fitdqn.evaluate.backtest import SplitSizes
 from fitdqn.evaluate.ensemble import EnsemblePolicy, evaluate_ensemble
 from fitdqn.evaluate.report import study_markdown, study_summary, study_verdict
 from fitdqn.evaluate.walk_forward import FOLD_NAME, Fold, fold_market, folds_for, run_fold
-from fitdqn.files import CHECKPOINT_NAME
+from fitdqn.files import CHECKPOINT_NAME, STUDY_NAME
 from fitdqn.learn.learner import Learner
 from fitdqn.market.data import bars_per_year
 from fitdqn.market.env import STATE_DIM, position_levels
@@ -33,7 +33,6 @@ from fitdqn.train.checkpoint import atomic_write_text, restore_network
 from fitdqn.train.run import evaluate_run, print_report, resume_config, train
 from fitdqn.train.trainer import write_run_config
 
-STUDY_NAME = "study.json"
 # what the study lists of each member: where it is, the epoch chosen on validation, that network's validation
 # Sharpe (what chose it) and test Sharpe (two studies of the same seeds and folds compare member by member)
 MEMBER_KEYS = ("seed", "fold", "dir", "selected_epoch", "validation_sharpe", "test_sharpe")
