@@ -1,5 +1,7 @@
 """The report's words: verdicts from intervals, the ruined account's note, labels and units."""
 
+import pytest
+
 from fitdqn.config import Config
 from fitdqn.evaluate.report import judge, metrics_table, split_verdict
 
@@ -142,3 +144,36 @@ def test_the_reality_check_and_the_deflated_sharpe_are_in_the_verdict():
                          "probability that the agent's true Sharpe is above that) is 0.62.")
     assert "some baseline beats the agent, p = 0.710 (Hansen's SPA; White's reality check 0.800)" in "\n".join(
         metrics_table(r, Config()))
+
+
+def test_a_study_from_a_tuned_config_deflates_its_book():
+    import dataclasses
+
+    import numpy as np
+    import pandas as pd
+
+    from fitdqn.evaluate.report import study_summary, study_verdict
+    from fitdqn.evaluate.significance import deflated_sharpe, return_moments
+
+    config = Config()
+    config = dataclasses.replace(config, evaluate=dataclasses.replace(
+        config.evaluate, bootstrap_samples=100, tried_configs=12, tried_sharpe_variance=0.4, tried_in="tune study 's'"))
+    rng = np.random.default_rng(0)
+    members = []
+    for seed in (0, 1):
+        for fold in (0, 1):
+            pnl = pd.DataFrame({"agent": rng.normal(40, 500, 200), "buy_and_hold": rng.normal(20, 500, 200)})
+            test = {"first_time": "2020-01-01", "last_time": "2020-12-31", "bars": 200,
+                    "policies": ["agent", "buy_and_hold"], "buy_and_hold": {"sharpe": 0.3},
+                    "agent": {"sharpe": 0.5}}
+            members.append({"seed": seed, "fold": fold, "capital": 1e5, "pnl": pnl, "selected_epoch": 1, "test": test})
+    ensemble = {f: rng.normal(50, 400, 200) for f in (0, 1)}
+    summary = study_summary(members, config, 252.0, ensemble)
+    summary["verdict"] = study_verdict(summary, config)
+    returns = np.concatenate([ensemble[f] / (1e5 + np.concatenate([[0.0], np.cumsum(ensemble[f])[:-1]]))
+                              for f in (0, 1)])  # the ensemble's book, fold by fold on its capital
+    agent = summary["pooled"]["agent"]
+    got = dict(agent["deflated_sharpe"])
+    assert got.pop("tried_in") == "tune study 's'"
+    assert got == pytest.approx(deflated_sharpe(agent["sharpe"], 252.0, return_moments(returns), 12, 0.4), rel=1e-9)
+    assert "the best of 12 tried in tune study 's'" in summary["verdict"]

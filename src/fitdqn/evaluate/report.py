@@ -29,6 +29,7 @@ from fitdqn.evaluate.compare import (
     joint_test,
     own_sizing_baselines,
     sharpe_differences,
+    tries_counted,
 )
 from fitdqn.evaluate.ensemble import BRACKET_RULE
 from fitdqn.evaluate.metrics import bar_returns, sharpe_ratio
@@ -290,6 +291,9 @@ def study_summary(members: list[dict[str, Any]], config: Config, per_year: float
             others = {n: pooled_returns(first, n) for n in present if n not in ("agent", RANDOM)}
             entry |= sharpe_differences(r, others, per_year, options)
             entry["reality_check"] = joint_test(r, others, per_year, options)
+        deflated = tries_counted(config, r, entry["sharpe"], per_year) if name == "agent" else None
+        if deflated is not None:  # a study trained from a tune study's best.toml
+            entry["deflated_sharpe"] = deflated
         pooled[name] = entry
     unusable = {name: f"{why} (fold {m['fold']})" for m in sorted(first, key=lambda m: -m["fold"])
                 for name, why in m["test"].get("not_applicable", {}).items()}  # the earliest fold's reason wins
@@ -349,6 +353,7 @@ def study_verdict(summary: dict[str, Any], config: Config) -> str:
     text += baseline_sentence(best_baseline({"policies": list(summary["pooled"]), **summary["pooled"]}, config),
                               agent, config)
     text += reality_sentence(agent.get("reality_check"))
+    text += deflated_sentence(agent.get("deflated_sharpe"))
     return text.strip()
 
 
