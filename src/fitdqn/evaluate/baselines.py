@@ -113,14 +113,14 @@ def rule_policies(market: Market, config: Config, per_year: float) -> dict[str, 
     centre = (len(levels) - 1) // 2  # index of flat; 0 and 2 x centre are -max and +max
     close = market.prices[:, 3].double()  # [T]
     rules = {}
-    for name, direction in rule_signals(close, config, per_year).items():
-        actions = torch.zeros((close.shape[0], NUM_BRANCHES), dtype=torch.int64, device=market.device)
-        actions[:, 0] = centre + direction.long() * centre  # [T, 3]
-        rules[name] = BarRule(name, actions)
     if config.market.position_sizing == "volatility":
         actions = torch.zeros((close.shape[0], NUM_BRANCHES), dtype=torch.int64, device=market.device)
         actions[:, 0] = 2 * centre  # [T, 3] the largest long level, sized by the env as the agent's are
         rules[SIZED_HOLD] = BarRule(SIZED_HOLD, actions)
+    for name, direction in rule_signals(close, config, per_year).items():
+        actions = torch.zeros((close.shape[0], NUM_BRANCHES), dtype=torch.int64, device=market.device)
+        actions[:, 0] = centre + direction.long() * centre  # [T, 3]
+        rules[name] = BarRule(name, actions)
     return rules
 
 

@@ -179,17 +179,24 @@ def reality_lines(check: dict[str, Any] | None) -> list[str]:
                 f"check {fmt_p(spa.get('upper'))})"]
 
 
+def table_order(names: list[str]) -> list[str]:
+    """``names`` in the order of every table (:data:`fitdqn.evaluate.compare.POLICIES`), unknown names last."""
+    return sorted(names, key=lambda n: POLICIES.index(n) if n in POLICIES else len(POLICIES))
+
+
 def metrics_table(results: dict[str, Any], config: Config) -> list[str]:
     head = "| policy | return | Sharpe | interval | Sortino | max DD | turnover | trades | win |"
     lines = [head, "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for name in results.get("policies", ("agent",)):
+    unusable = results.get("not_applicable", {})
+    for name in table_order([*results.get("policies", ("agent",)), *unusable]):
+        if name in unusable:  # a baseline that cannot run on these bars: n/a, the reason below the table
+            lines.append(f"| {policy_label(name, config)} | n/a |" + " |" * 7)
+            continue
         row = results[name]
         cells = [fmt(row.get("total_return")), fmt(row.get("sharpe"), 2), fmt_ci(row.get("sharpe_ci")),
                  fmt(row.get("sortino"), 2), fmt(row.get("max_drawdown")), fmt(row.get("turnover")),
                  fmt(row.get("trades"), 0), fmt(row.get("win_rate"), 2)]
         lines.append(f"| {policy_label(name, config)} | " + " | ".join(cells) + " |")
-    for name in results.get("not_applicable", {}):
-        lines.append(f"| {policy_label(name, config)} | n/a |" + " |" * 7)
     lines += difference_lines(results["agent"], config)
     lines += reality_lines(results["agent"].get("reality_check"))
     for name, why in results.get("not_applicable", {}).items():
@@ -371,20 +378,22 @@ def study_markdown(summary: dict[str, Any], config: Config, run_dir: str, contra
                 "and `fitdqn export` on this directory give the latest fold's ensemble."
                 if summary.get("agent_book") == "ensemble" else ""), "",
              "## Pooled test", "", "| policy | Sharpe | interval |", "|---|---:|---|"]
-    for name, entry in summary["pooled"].items():
-        ensemble = summary.get("agent_book") == "ensemble"
+    unusable = summary.get("not_applicable", {})
+    ensemble = summary.get("agent_book") == "ensemble"
+    for name in table_order([*summary["pooled"], *(n for n in unusable if n not in summary["pooled"])]):
+        if name not in summary["pooled"]:  # n/a on some fold: the reason below the table
+            lines.append(f"| {policy_label(name, config)} | n/a | |")
+            continue
+        entry = summary["pooled"][name]
         label = policy_label(name, config) if name != "agent" else (
             "agent (the seeds' ensemble)" if ensemble else "agent (seeds' average book)")
         lines.append(f"| {label} | {fmt(entry['sharpe'], 2)} | {fmt_ci(entry['sharpe_ci'])} |")
         if name == "agent" and ensemble:
             average = summary["average_book"]
             lines.append(f"| seeds' average book | {fmt(average['sharpe'], 2)} | {fmt_ci(average['sharpe_ci'])} |")
-    for name in summary.get("not_applicable", {}):
-        lines.append(f"| {policy_label(name, config)} | n/a | |")
     lines += difference_lines(summary["pooled"]["agent"], config, "agent minus")
     lines += reality_lines(summary["pooled"]["agent"].get("reality_check"))
-    lines += [line for name, why in summary.get("not_applicable", {}).items()
-              for line in ("", f"note: {policy_label(name, config)} {why}")]
+    lines += [line for name, why in unusable.items() for line in ("", f"note: {policy_label(name, config)} {why}")]
     lines += ["", "## Seeds", "", "| seed | pooled Sharpe | interval | epochs chosen |", "|---:|---:|---|---|"]
     for p in summary["per_seed"]:
         lines.append(f"| {p['seed']} | {fmt(p['sharpe'], 2)} | {fmt_ci(p['sharpe_ci'])} | "
