@@ -177,3 +177,37 @@ def test_a_study_from_a_tuned_config_deflates_its_book():
     assert got.pop("tried_in") == "tune study 's'"
     assert got == pytest.approx(deflated_sharpe(agent["sharpe"], 252.0, return_moments(returns), 12, 0.4), rel=1e-9)
     assert "the best of 12 tried in tune study 's'" in summary["verdict"]
+
+
+def test_a_baseline_n_a_on_one_fold_is_n_a_in_the_pooled_study():
+    import numpy as np
+    import pandas as pd
+
+    from fitdqn.evaluate.report import study_markdown, study_summary, study_verdict
+    from fitdqn.market.contract import ContractSpec
+
+    config = Config()
+    rng = np.random.default_rng(1)
+    why = "n/a: a 12-month lookback (252 bars at 252 bars a year) needs 252 bars of history before its first " \
+          "decision; the data have 200"
+    members = []
+    for fold in (0, 1):
+        columns = {"agent": rng.normal(40, 500, 150), "buy_and_hold": rng.normal(20, 500, 150)}
+        policies = ["agent", "buy_and_hold"]
+        if fold == 1:  # the momentum rule has its history from the second fold on
+            columns["time_series_momentum"] = rng.normal(10, 500, 150)
+            policies.append("time_series_momentum")
+        test = {"first_time": "2020-01-01", "last_time": "2020-06-30", "bars": 150, "policies": policies,
+                "not_applicable": {} if fold else {"time_series_momentum": why},
+                **{n: {"sharpe": 0.1} for n in policies}}
+        members.append({"seed": 0, "fold": fold, "capital": 1e5, "pnl": pd.DataFrame(columns), "selected_epoch": 1,
+                        "test": test})
+    summary = study_summary(members, config, 252.0)
+    summary["verdict"] = study_verdict(summary, config)
+    assert "time_series_momentum" not in summary["pooled"]
+    assert summary["not_applicable"] == {"time_series_momentum": f"{why} (fold 0)"}
+    folds = summary["per_fold"]
+    assert folds[1]["time_series_momentum"] == 0.1 and "time_series_momentum" not in folds[0]
+    text = study_markdown(summary, config, "runs/x", ContractSpec("generic", 50.0, 0.25, 2.5, 1.0))
+    assert "| momentum 12 mo | n/a | |" in text and f"note: momentum 12 mo {why} (fold 0)" in text
+    assert "| 0 | 2020-01-01 .. 2020-06-30 (150) |" in text and "| n/a |" in text.split("## Folds")[1]
