@@ -337,6 +337,13 @@ class EvaluateConfig:
     ma_slow: int = knob(200, "slow moving average of the MA crossover baseline (bars)", ge=1)
     momentum_years: float = knob(1.0, "lookback of the time-series momentum baseline, in years of bars",
                                    gt=0)
+    tried_configs: int = knob(
+        1, "configurations tried to find this one (a tune study's trials: its best.toml sets it); above 1 the "
+        "report deflates the agent's Sharpe for them (the deflated Sharpe ratio)", ge=1)
+    tried_sharpe_variance: float = knob(
+        0.0, "variance of the tried configurations' annualised validation Sharpes (best.toml sets it), how far luck "
+        "alone spreads them", ge=0)
+    tried_in: str = knob("", "where the tried configurations were tried (best.toml: its tune study), for the report")
 
     def __post_init__(self) -> None:
         checks = [

@@ -289,6 +289,7 @@ class FuturesEnv:
         sequential: bool = False,
         goal_range: tuple[float, float] | None = None,
         goal_unit: float | None = None,
+        levels: Sequence[float] | None = None,
         device=None,
     ) -> None:
         device = torch.device(device) if device is not None else features.device
@@ -355,7 +356,10 @@ class FuturesEnv:
         self.prices = prices.to(device=device, dtype=torch.float32).contiguous()  # [T, 4]
         self.atr = atr.to(device=device, dtype=torch.float32).contiguous()  # [T]
         self.features = features.to(device=device, dtype=torch.float32).contiguous()  # [T, Fm]
-        self.position_levels = torch.tensor(position_levels(branches[0], max_contracts), device=device)
+        # contracts of each branch-0 index: the config's levels, or ``levels`` (an ensemble of policies trades the
+        # means of its members' levels: fitdqn.evaluate.ensemble)
+        self.position_levels = torch.tensor(position_levels(branches[0], max_contracts) if levels is None
+                                            else [float(v) for v in levels], device=device)
         self.stop_levels = torch.tensor(STOP_ATR, device=device)
         self.take_levels = torch.tensor(TAKE_PROFIT_ATR, device=device)
 
