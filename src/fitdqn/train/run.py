@@ -42,12 +42,13 @@ from fitdqn.evaluate.compare import evaluate_split, time_text
 from fitdqn.evaluate.plots import plot_equity, plot_learning_curves
 from fitdqn.evaluate.report import TABLE_WIDTH, metrics_table, policy_label, run_markdown, split_verdict
 from fitdqn.evaluate.walk_forward import fold_market, run_fold
-from fitdqn.files import BEST_NAME, CHECKPOINT_NAME, remove_stale_temp_files
+from fitdqn.files import BEST_NAME, CHECKPOINT_NAME, FileWriteError, remove_stale_temp_files
 from fitdqn.learn.learner import Learner
 from fitdqn.market.env import STATE_DIM
 from fitdqn.market.loader import Market, load_market
 from fitdqn.plan.report import plot_plan, print_plan
 from fitdqn.provenance import code_record
+from fitdqn.run_lock import LOCK_NAME, run_lock
 from fitdqn.train import distributed
 from fitdqn.train.checkpoint import (
     BEST_NETWORK,
@@ -57,6 +58,7 @@ from fitdqn.train.checkpoint import (
     load_checkpoint,
     restore_network,
     save_checkpoint,
+    tensor_bytes,
 )
 from fitdqn.train.logs import METRICS_NAME, TENSORBOARD_DIR, RunLogger, read_jsonl
 from fitdqn.train.memory_check import backtest_growth_note, format_rows, peak_memory_row
@@ -69,7 +71,7 @@ RUN_FILES = ("config.toml", "plan.json", METRICS_NAME, TENSORBOARD_DIR, f"{TENSO
 # what `fitdqn tune` puts into a trial's folder before its run starts (fitdqn.tune.worker's SPEC_FILE, LOG_FILE),
 # and an evaluation study into a fold's (fold.json): a new run may start beside them, and keeps them when it
 # ends before its first checkpoint
-SETUP_FILES = ("trial.json", "train.log", "fold.json")
+SETUP_FILES = ("trial.json", "train.log", "fold.json", LOCK_NAME)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -209,8 +211,24 @@ def save(trainer: Trainer, run_dir: Path, logger: RunLogger, replay: bool = True
         state.pop("replay")
     state["logs"] = {"records": logger.records}
     state[distributed.WORLD_SIZE_KEY] = distributed.world_size_of()
-    save_checkpoint(run_dir / CHECKPOINT_NAME, state)
+    had_one = (run_dir / CHECKPOINT_NAME).is_file()
+    try:
+        save_checkpoint(run_dir / CHECKPOINT_NAME, state)
+    except FileWriteError as error:
+        raise FileWriteError(checkpoint_not_saved(error, trainer.epoch, tensor_bytes(state), run_dir, had_one)) \
+            from None
     return state
+
+
+def checkpoint_not_saved(error: FileWriteError, epoch: int, size: int, run_dir: Path, had_one: bool) -> str:
+    """What a checkpoint that could not be written costs: nothing but the epochs since the previous one, or (a run
+    with none yet) every epoch trained."""
+    head = f"the checkpoint of epoch {epoch} (about {format_bytes(size)}) could not be saved: {error}"
+    if had_one:
+        return (f"{head}; the previous checkpoint is kept, so only the epochs after it are lost: free space and "
+                f"continue with fitdqn train --resume {run_dir}")
+    return (f"{head}; the run had no checkpoint yet, so its {epoch} epoch(s) of training are lost: free space "
+            "and start it again")
 
 
 def logs_covered(state: dict[str, Any], run_dir: Path) -> int:
@@ -266,7 +284,18 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     if not resume:
         check_new_run_dir(run_dir)
     created = missing_folders(run_dir)
-    before = set() if created or resume else {p.name for p in run_dir.iterdir()}  # a new run's: SETUP_FILES
+    with run_lock(run_dir, notify=lambda note: console.print(note, style="yellow", highlight=False, markup=False,
+                                                             soft_wrap=True)):
+        if not resume:  # again under the lock: another writer may have started between the check and the lock
+            check_new_run_dir(run_dir)
+        before = set() if created or resume else {p.name for p in run_dir.iterdir()}  # a new run's: SETUP_FILES
+        return train_locked(config, run_dir, resume, console, trainer_hook, on_epoch, market, job, created, before)
+
+
+def train_locked(config: Config, run_dir: Path, resume: bool, console: Console, trainer_hook, on_epoch,
+                 market: Market | None, job: distributed.Distributed | None, created: list[Path],
+                 before: set[str]) -> dict[str, Any]:
+    """:func:`train` once this process holds the run directory's lock."""
     stop = StopRequests(console)
     try:
         with stop:
