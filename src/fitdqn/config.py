@@ -500,9 +500,14 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file '{path}' not found")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"config file '{path}' is not valid TOML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file '{path}' is not text (byte {error.start:,} is "
+                          f"0x{error.object[error.start]:02x}): give a TOML file") from None
+    except OSError as error:
+        raise ConfigError(f"config file '{path}' cannot be read: {error.strerror or error}") from None
 
 
 def load_config(path: str | Path, base: Config | None = None) -> Config:
@@ -519,12 +524,17 @@ PREDATED_KEYS = {
 def load_run_config(path: str | Path) -> Config:
     """The config a run wrote (``config.toml`` of a run directory): :func:`load_config`, where a key the file
     predates (:data:`PREDATED_KEYS`) takes the value runs had then."""
-    data = read_toml(path)
-    for key, value in PREDATED_KEYS.items():
-        section, name = key.split(".")
-        if isinstance(data.get(section, {}), dict):  # a malformed section: config_from_dict names it
-            data.setdefault(section, {}).setdefault(name, value)
-    return config_from_dict(data)
+    try:
+        data = read_toml(path)
+        for key, value in PREDATED_KEYS.items():
+            section, name = key.split(".")
+            if isinstance(data.get(section, {}), dict):  # a malformed section: config_from_dict names it
+                data.setdefault(section, {}).setdefault(name, value)
+        return config_from_dict(data)
+    except ConfigError as error:
+        where = "" if str(path) in str(error) else f"'{path}': "
+        raise ConfigError(f"{where}{error} (the config a run wrote and reads back: fix what it names, or restore the "
+                          "file; fitdqn writes every key of the run into it)") from None
 
 
 def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:

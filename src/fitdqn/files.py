@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -39,6 +40,11 @@ CAUSES = {
 
 class FileWriteError(UserError):
     """A file could not be written; the message names the path and the cause (what was there is kept)."""
+
+
+class RunFileError(UserError):
+    """A file fitdqn wrote into a run and reads back is missing a part, damaged or edited; the message names the
+    file and what to do."""
 
 
 def describe_os_error(error: OSError, path: str | Path | None = None, doing: str = "cannot write") -> str:
@@ -142,3 +148,31 @@ def remove_stale_temp_files(folder: str | Path) -> list[Path]:
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
+
+
+def read_run_file(path: str | Path, parse: Callable[[str], Any], fix: str) -> Any:
+    """``parse(text)`` of a file fitdqn wrote into a run and reads back (fold.json, study.json, a report): a file
+    that cannot be read, is not text, or that ``parse`` rejects (``ValueError``, ``KeyError``, ``TypeError``,
+    ``IndexError``: a damaged or edited file) is a :class:`RunFileError` naming the file, the cause and ``fix``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise RunFileError(f"{describe_os_error(error, path, doing='cannot read')}; {fix}") from None
+    except UnicodeDecodeError as error:
+        raise RunFileError(f"'{path}' is not text (byte {error.start:,} is 0x{error.object[error.start]:02x}): it "
+                           f"is damaged; {fix}") from None
+    try:
+        return parse(text)
+    except json.JSONDecodeError as error:
+        raise RunFileError(f"'{path}' is damaged or was edited: not JSON at line {error.lineno} column "
+                           f"{error.colno} ({error.msg}); {fix}") from None
+    except (ValueError, KeyError, TypeError, IndexError) as error:
+        cause = f"no {error}" if isinstance(error, KeyError) else str(error) or type(error).__name__
+        raise RunFileError(f"'{path}' is damaged or was edited ({cause}); {fix}") from None
+
+
+def read_run_json(path: str | Path, fix: str, check: Callable[[Any], Any] = lambda data: data) -> Any:
+    """A JSON file of a run, read by :func:`read_run_file`; ``check(data)`` builds the value (raising on a part
+    missing or of the wrong kind)."""
+    return read_run_file(path, lambda text: check(json.loads(text)), fix)

@@ -556,9 +556,9 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
                           f"{format_bytes(trainer.plan.device.free_bytes or 0)} free",
         "selection": selection, "code": code_record(),
     }
-    fold = run_dir / "fold.json"  # a walk-forward member (fitdqn.train.study)
-    if fold.is_file():
-        report["fold"] = json.loads(fold.read_text())
+    fold = run_fold(run_dir)  # a walk-forward member (fitdqn.train.study)
+    if fold is not None:
+        report["fold"] = fold.to_json()
     results = {}
     for split in ("validation", "test"):
         results[split] = evaluate_split(trainer.learner, market, config, split, progress=console,

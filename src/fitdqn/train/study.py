@@ -20,7 +20,7 @@ from rich.console import Console
 from fitdqn.config import Config
 from fitdqn.evaluate.report import study_markdown, study_summary, study_verdict
 from fitdqn.evaluate.walk_forward import FOLD_NAME, Fold, fold_market, folds_for, run_fold
-from fitdqn.files import CHECKPOINT_NAME
+from fitdqn.files import CHECKPOINT_NAME, read_run_json
 from fitdqn.market.data import bars_per_year
 from fitdqn.market.loader import Market, load_market, market_contract
 from fitdqn.train.checkpoint import atomic_write_text
@@ -78,7 +78,8 @@ def run_study(config: Config, run_dir: Path, console: Console | None = None,
             sub = member_dir(run_dir, s, fold)
             report_file = sub / "report.json"
             if report_file.is_file():
-                report = json.loads(report_file.read_text())
+                report = read_run_json(report_file, "delete it: the study's command then reports this member "
+                                       "again from its checkpoint", check_member_report)
                 console.print(f"{sub}: finished, read back", highlight=False, markup=False, soft_wrap=True)
             else:
                 if fold is not None:
@@ -109,6 +110,24 @@ def run_study(config: Config, run_dir: Path, console: Console | None = None,
     return summary
 
 
+def check_member_report(report: Any) -> dict[str, Any]:
+    """A member's report.json as the study reads it (KeyError/TypeError when a part is missing)."""
+    missing = [f"test.{key}" for key in ("capital", "agent") if key not in report["test"]] + [
+        f"selection.{key}" for key in ("epoch", "validation_sharpe") if key not in report["selection"]]
+    if missing:
+        raise KeyError(missing[0])
+    return report
+
+
+def check_study_members(members: Any) -> list[dict[str, Any]]:
+    """study.json: the list of members, each with its folder (KeyError/TypeError when a part is missing)."""
+    if not isinstance(members, list) or not members:
+        raise ValueError("no list of members")
+    if not all(isinstance(member, dict) and isinstance(member.get("dir"), str) for member in members):
+        raise KeyError("dir")
+    return members
+
+
 def distinct_code(members: list[dict[str, Any]]) -> list[dict[str, str]]:
     """The code the members were trained with (``report.json``'s ``code``), each version once: one entry unless a
     study was continued after a change (members from before reports recorded it are left out)."""
@@ -122,7 +141,9 @@ def evaluate_study(run_dir: Path, split: str, device_spec: str, console: Console
     the joint report (``evaluate_<split>.json`` and the printed verdict)."""
     console = console or Console()
     config = resume_config(run_dir)
-    listed = json.loads((run_dir / STUDY_NAME).read_text())
+    listed = read_run_json(run_dir / STUDY_NAME, f"run the study's command again (fitdqn train --config "
+                           f"{run_dir / 'config.toml'} --out {run_dir}): its finished members are read back and "
+                           f"{STUDY_NAME} is written anew", check_study_members)
     members = []
     for m in listed:
         sub = run_dir / m["dir"]  # relative to the study directory
