@@ -308,9 +308,10 @@ def first_line(error: BaseException) -> str:
 
 # ---------------------------------------------------------------- the launcher behind `fitdqn train --gpus N`
 def torchrun_command(processes: int, argv: Sequence[str]) -> list[str]:
-    """The command `fitdqn train --gpus N` runs: torchrun (``torch.distributed.run``) on this machine, on a free
+    """The command `fitdqn train --gpus N` runs: torchrun (``torch.distributed.run``, through
+    :mod:`fitdqn.train.launch`: a failed rank is one line, not torchrun's traceback) on this machine, on a free
     port (``--standalone``), N copies of ``python -m fitdqn`` with the same arguments."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+    return [sys.executable, "-m", "fitdqn.train.launch", "--standalone", f"--nproc-per-node={processes}",
             "-m", "fitdqn", *argv]
 
 
