@@ -325,6 +325,9 @@ def launch(processes: int, device_spec: str, argv: Sequence[str]) -> int:
                             "runs that many gloo processes on the CPU")
         if processes > count:
             raise UserError(f"--gpus {processes}: this machine has {count} GPU(s); give --gpus {count} or fewer")
+    elif processes > (os.cpu_count() or 1):
+        raise UserError(f"--device cpu --gpus {processes}: that many gloo processes on {os.cpu_count() or 1} CPU "
+                        f"core(s); give --gpus {os.cpu_count() or 1} or fewer")
     process = subprocess.Popen(torchrun_command(processes, argv))
     # Ctrl-C reaches torchrun from the terminal itself; a SIGTERM sent to this process is passed on
     previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
