@@ -144,3 +144,11 @@ def test_am_pm_times_are_not_zone_names(tmp_path):
     path = tmp_path / "bars.csv"
     bars_frame(stamps).to_csv(path, index=False)
     assert read_bars_file(path, date_format="auto")["timestamp"].iloc[0] == pd.Timestamp("2020-01-01 09:30")
+
+
+def test_utf16_text_is_named(tmp_path):
+    path = tmp_path / "bars.csv"
+    path.write_bytes((HEADER + ROW).decode().encode("utf-16-le"))
+    assert "UTF-16 text" in refused(path)
+    path.write_bytes((HEADER + ROW).decode().encode("utf-16"))  # with a byte-order mark: not UTF-8 at byte 0
+    assert "line 1 (byte 0) holds 0xff, which is not UTF-8" in refused(path)

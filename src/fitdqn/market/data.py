@@ -533,6 +533,9 @@ def check_text_file(path: Path, source: str) -> None:
                 nul = chunk.find(b"\0")
                 if nul >= 0:
                     row = rows + chunk.count(b"\n", 0, nul) + 1
+                    if utf16_like(head):
+                        raise UserError(f"{source}: UTF-16 text (every other byte is 0x00): save the file as UTF-8 "
+                                        "CSV")
                     raise UserError(
                         f"{source}: line {row} (byte {offset + nul:,}) holds NUL bytes (0x00), not text: the file "
                         "is damaged or was never fully written (a disk or copy that failed); "
@@ -544,6 +547,15 @@ def check_text_file(path: Path, source: str) -> None:
                 chunk = file.read(SCAN_BYTES)
     except OSError as error:
         raise UserError(f"{source}: cannot be read ({error.strerror or error}); check the file") from None
+
+
+def utf16_like(head: bytes) -> bool:
+    """Text saved as UTF-16 without a byte-order mark: ASCII letters with a 0x00 between each two."""
+    sample = head[:1024]
+    even, odd = sample[0::2], sample[1::2]
+    zeros = (even.count(0), odd.count(0))
+    return len(sample) >= 8 and ((zeros[1] > 0.9 * len(odd) and zeros[0] == 0)
+                                 or (zeros[0] > 0.9 * len(even) and zeros[1] == 0))
 
 
 def check_text_start(head: bytes, source: str) -> None:
