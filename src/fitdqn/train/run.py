@@ -284,11 +284,13 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     if not resume:
         check_new_run_dir(run_dir)
     created = missing_folders(run_dir)
+    lock_file_before = (run_dir / LOCK_NAME).exists()  # a new run that leaves nothing takes its lock file too
     with run_lock(run_dir, notify=lambda note: console.print(note, style="yellow", highlight=False, markup=False,
                                                              soft_wrap=True)):
         if not resume:  # again under the lock: another writer may have started between the check and the lock
             check_new_run_dir(run_dir)
-        before = set() if created or resume else {p.name for p in run_dir.iterdir()}  # a new run's: SETUP_FILES
+        before = set() if created or resume else {  # a new run's: SETUP_FILES
+            p.name for p in run_dir.iterdir() if p.name != LOCK_NAME or lock_file_before}
         return train_locked(config, run_dir, resume, console, trainer_hook, on_epoch, market, job, created, before)
 
 
