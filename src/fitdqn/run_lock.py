@@ -137,12 +137,17 @@ def print_note(text: str) -> None:
 
 
 @contextlib.contextmanager
-def run_lock(run_dir: str | Path, command: str | None = None,
-             notify: Callable[[str], None] = print_note) -> Iterator[Holder]:
-    """Hold ``run_dir``'s lock while the block runs (the folder is made when missing); :class:`RunInUse` at once
-    when another process holds it. ``command`` is recorded for the message a second writer gets (default: this
-    process's command line); ``notify`` gets the note about a stale record taken over."""
+def run_lock(run_dir: str | Path, command: str | None = None, notify: Callable[[str], None] = print_note,
+             create: bool = True) -> Iterator[Holder | None]:
+    """Hold ``run_dir``'s lock while the block runs; :class:`RunInUse` at once when another process holds it.
+    ``create``: make the folder when missing (a new run), else a missing folder holds nothing to protect and the
+    block runs unlocked (yielding None: the command's own message says the run is not there). ``command`` is
+    recorded for the message a second writer gets (default: this process's command line); ``notify`` gets the
+    note about a stale record taken over."""
     run_dir = Path(run_dir)
+    if not create and not run_dir.is_dir():
+        yield None
+        return
     key = run_dir.resolve()
     if key in _HELD:  # re-entrant: this process holds it already
         _HELD[key][1] += 1

@@ -100,3 +100,12 @@ def test_train_and_evaluate_refuse_a_run_another_process_writes(tmp_path, capsys
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_missing_run_is_not_created_by_a_reader(tmp_path, capsys):
+    missing = tmp_path / "missing"
+    with run_lock(missing, create=False) as holder:
+        assert holder is None
+    assert main(["evaluate", str(missing), "--device", "cpu"]) == EXIT_USER_ERROR
+    assert "no config.toml" in capsys.readouterr().err
+    assert not missing.exists()

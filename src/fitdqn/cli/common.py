@@ -56,5 +56,5 @@ def writing_into(run_dir: str | Path, out: str | Path) -> contextlib.AbstractCon
     from fitdqn.run_lock import run_lock
 
     run_dir, out = Path(run_dir), Path(out)
-    inside = run_dir.is_dir() and (out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents)
-    return run_lock(run_dir) if inside else contextlib.nullcontext()
+    inside = out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents
+    return run_lock(run_dir, create=False) if inside else contextlib.nullcontext()

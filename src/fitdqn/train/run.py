@@ -605,18 +605,19 @@ def evaluate_run(run_dir: Path, split: str, device_spec: str = "auto", console: 
     """Backtest a run's network (``best`` by validation, or ``last``) on ``split`` beside the baselines;
     writes ``evaluate_<split>.json``. A walk-forward fold's run uses its fold's ranges (fold.json). The result is
     printed first, so a failed write loses nothing the user can read."""
-    console = console or Console()
-    device = resolve_device(device_spec)
-    config, learner, market, state = load_network(run_dir, device, network)
-    fold = run_fold(run_dir)
-    if fold is not None:  # a walk-forward member: its own fold's ranges
-        market = fold_market(market, fold, config)
-    result = evaluate_split(learner, market, config, split, progress=console)
-    results = {**result.results, "network": network, "epoch": int(state["epoch"]),
-               "verdict": split_verdict(result.results, config)}
-    text = "\n".join([f"{split} split of {config.market.data}, {results['bars']} bars, {network} network (epoch "
-                      f"{state['epoch']})", "", results["verdict"], "", *metrics_table(result.results, config), ""])
-    print_report(console, text)
-    atomic_write_text(run_dir / f"evaluate_{split}_pnl.csv", result.pnl_frame().to_csv(index=False))
-    atomic_write_text(run_dir / f"evaluate_{split}.json", json.dumps(results, indent=2))
-    return results
+    with run_lock(run_dir, create=False):  # one writer per run (re-entrant: `fitdqn evaluate` holds it already)
+        console = console or Console()
+        device = resolve_device(device_spec)
+        config, learner, market, state = load_network(run_dir, device, network)
+        fold = run_fold(run_dir)
+        if fold is not None:  # a walk-forward member: its own fold's ranges
+            market = fold_market(market, fold, config)
+        result = evaluate_split(learner, market, config, split, progress=console)
+        results = {**result.results, "network": network, "epoch": int(state["epoch"]),
+                   "verdict": split_verdict(result.results, config)}
+        text = "\n".join([f"{split} split of {config.market.data}, {results['bars']} bars, {network} network (epoch "
+                          f"{state['epoch']})", "", results["verdict"], "", *metrics_table(result.results, config), ""])
+        print_report(console, text)
+        atomic_write_text(run_dir / f"evaluate_{split}_pnl.csv", result.pnl_frame().to_csv(index=False))
+        atomic_write_text(run_dir / f"evaluate_{split}.json", json.dumps(results, indent=2))
+        return results
