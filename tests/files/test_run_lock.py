@@ -109,3 +109,18 @@ def test_a_missing_run_is_not_created_by_a_reader(tmp_path, capsys):
     assert main(["evaluate", str(missing), "--device", "cpu"]) == EXIT_USER_ERROR
     assert "no config.toml" in capsys.readouterr().err
     assert not missing.exists()
+
+
+def test_act_and_export_wait_their_turn_only_when_writing_into_the_run(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    child = hold(run_dir)
+    try:
+        for args in (["act", str(run_dir), "--data", "synthetic"],  # default --out: RUN_DIR/actions.csv
+                     ["export", str(run_dir), "--out", str(run_dir / "policy.pt2")]):
+            assert main(args) == EXIT_USER_ERROR
+            assert f"in use by pid {child.pid}" in capsys.readouterr().err
+        assert main(["export", str(run_dir), "--out", str(tmp_path / "policy.pt2")]) == EXIT_USER_ERROR
+        assert "no config.toml" in capsys.readouterr().err  # writing elsewhere: not refused for the lock
+    finally:
+        child.kill()
+        child.wait()
