@@ -514,7 +514,7 @@ def read_bars_file(path: str | Path, *, date_format: str) -> pd.DataFrame:
 
 SNIFF_BYTES = 64 * 1024  # the start of a text file checked for binary content before it is parsed
 SCAN_BYTES = 1024 * 1024  # the chunk a text file is scanned in for NUL bytes (memory stays at this)
-CONTROL_BYTES = bytes(set(range(32)) - set(b"\t\n\r\f\v"))  # never in text rows (NUL: 0)
+CONTROL_BYTES = bytes(set(range(32)) - set(b"\t\n\r\f\v\x1a"))  # never in text rows (0x1a: an old end-of-file mark)
 PARQUET_MAGIC = b"PAR1"  # at the start and the end of every Parquet file
 
 
