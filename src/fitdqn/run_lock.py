@@ -159,6 +159,9 @@ def run_lock(run_dir: str | Path, command: str | None = None, notify: Callable[[
     path = run_dir / LOCK_NAME
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(describe_os_error(error, run_dir, doing="cannot create the run directory")) from None
+    try:
         file = open(path, "a+")  # never truncated by opening: the holder's record stays readable
     except OSError as error:
         raise UserError(describe_os_error(error, path, doing="cannot lock the run directory at")) from None
@@ -204,3 +207,11 @@ def holder_of(run_dir: str | Path) -> Holder | None:
             return read_holder(file) or Holder(0, "?", "?", "?")
         fcntl.flock(file.fileno(), fcntl.LOCK_UN)
     return None
+
+
+def check_not_in_use(run_dir: str | Path) -> None:
+    """:class:`RunInUse` when another process holds ``run_dir``'s lock now: checked before anything else looks at
+    the folder (what a running writer has put there is not a reason the user should act on)."""
+    holder = holder_of(run_dir)
+    if holder is not None:
+        raise RunInUse(refusal(Path(run_dir), holder))

@@ -97,6 +97,10 @@ def test_train_and_evaluate_refuse_a_run_another_process_writes(tmp_path, capsys
         assert main(["evaluate", str(run_dir), "--device", "cpu"]) == EXIT_USER_ERROR
         assert f"in use by pid {child.pid}" in capsys.readouterr().err
         assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_NAME]  # nothing written beside the holder
+        (run_dir / "config.toml").write_text("")  # what the writer has written so far is not the reason given
+        assert main(["train", "--data", "synthetic", "--train.device", "cpu", "--out", str(run_dir)]) \
+            == EXIT_USER_ERROR
+        assert f"in use by pid {child.pid}" in capsys.readouterr().err
     finally:
         child.kill()
         child.wait()

@@ -48,7 +48,7 @@ from fitdqn.market.env import STATE_DIM
 from fitdqn.market.loader import Market, load_market
 from fitdqn.plan.report import plot_plan, print_plan
 from fitdqn.provenance import code_record
-from fitdqn.run_lock import LOCK_NAME, run_lock
+from fitdqn.run_lock import LOCK_NAME, check_not_in_use, run_lock
 from fitdqn.train import distributed
 from fitdqn.train.checkpoint import (
     BEST_NETWORK,
@@ -282,6 +282,7 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     console = console or Console()
     console.print(f"run directory: {run_dir}", highlight=False, markup=False, soft_wrap=True)
     if not resume:
+        check_not_in_use(run_dir)  # a writer at work: named, not its files
         check_new_run_dir(run_dir)
     created = missing_folders(run_dir)
     lock_file_before = (run_dir / LOCK_NAME).exists()  # a new run that leaves nothing takes its lock file too
