@@ -15,6 +15,8 @@ from fitdqn.errors import UserError
     (["plan", "--free-memory", "2000TiB"], "--free-memory 2000TiB: more memory than any device has"),
     (["plan", "--net.trunk_hidden", "100000000"], "net.trunk_hidden must be in [1, 65536]"),
     (["plan", "--market.synthetic_bars", "100000000000"], "market.synthetic_bars must be in [2, 1e+08]"),
+    (["plan", "--net.num_atoms", "99999999999"], "net.num_atoms must be in [2, 65536]"),
+    (["plan", "--replay.tree_fanout", "99999999999"], "replay.tree_fanout must be in [2, 65536]"),
     (["act", "RUN", "--data", "synthetic", "--goal-unit", "nan"], "--goal-unit nan: the goal scale"),
     (["act", "RUN", "--data", "synthetic", "--goal-unit", "-1"], "--goal-unit -1: the goal scale"),
     (["act", "RUN", "--data", "synthetic", "--goal-unit", "inf"], "--goal-unit inf: the goal scale"),

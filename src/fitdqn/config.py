@@ -28,7 +28,7 @@ class ConfigError(UserError):
 INF = math.inf
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds both take it
 SYNTHETIC_DATA = "synthetic"  # market.data of the generated market (fitdqn.market.data.synthetic_bars)
-WIDTH_MAX = 2**16  # the widest layer a net.* width may ask for (a 2^16 x 2^16 fp32 layer is 16 GiB): beyond, a typo
+WIDTH_MAX = 2**16  # the most a net width, atom or quantile count, or tree fanout may ask for: beyond, a typo
 SYNTHETIC_BARS_MAX = 10**8  # synthetic bars generated at most (~5 GB of bars and features): beyond, a typo
 
 
@@ -101,12 +101,12 @@ class NetConfig:
     stream_hidden: int = knob(128, "hidden width of each dueling value/advantage stream", ge=1, le=WIDTH_MAX)
     branches: tuple[int, ...] = knob((5, 5, 5), "sub-actions per branch: target position, stop, take-profit "
                                      "(n, 5, 5); a bracket branch of 1 never places that order", ge=1)
-    num_atoms: int = knob(51, "C51 atoms per sub-action", ge=2)
+    num_atoms: int = knob(51, "C51 atoms per sub-action", ge=2, le=WIDTH_MAX)
     v_min: float = knob(-10.0, "lowest C51 support value", ge=-INF, le=INF)
     v_max: float = knob(10.0, "highest C51 support value", ge=-INF, le=INF)
     iqn_embedding: int = knob(64, "IQN cosine embedding size", ge=1, le=WIDTH_MAX)
-    iqn_quantiles: int = knob(64, "IQN quantile samples in training (N = N')", ge=1)
-    iqn_act_quantiles: int = knob(32, "IQN quantile samples for acting (K)", ge=1)
+    iqn_quantiles: int = knob(64, "IQN quantile samples in training (N = N')", ge=1, le=WIDTH_MAX)
+    iqn_act_quantiles: int = knob(32, "IQN quantile samples for acting (K)", ge=1, le=WIDTH_MAX)
     iqn_chunk: int = knob(
         16, "quantiles per chunk in the chunked IQN head (smaller: less activation memory, more kernels)", ge=1
     )
@@ -203,7 +203,7 @@ class ReplayConfig:
                               "prioritized sample and update of 8192 on an H100, BENCHMARKS.md); false: torch maths")
     tree_fanout: int = knob(64, "children per node of the prioritized sum tree (wide: a shallow tree, a few "
                             "batched kernels per descent; each descent step reads this many priorities per "
-                            "sample)", ge=2)
+                            "sample)", ge=2, le=WIDTH_MAX)
 
 
 @dataclass(frozen=True)
