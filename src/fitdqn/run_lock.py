@@ -34,6 +34,7 @@ from fitdqn.files import describe_os_error
 
 LOCK_NAME = ".fitdqn.lock"  # inside the run directory
 RECORD_LIMIT = 4096  # bytes of the holder record read back (a record is ~200)
+COMMAND_SHOWN = 100  # characters of the holder's command a refusal shows
 
 
 class RunInUse(UserError):
@@ -50,7 +51,8 @@ class Holder:
     started: str
 
     def describe(self) -> str:
-        return f"pid {self.pid} on {self.host} ({self.command}; since {self.started})"
+        command = self.command if len(self.command) <= COMMAND_SHOWN else self.command[: COMMAND_SHOWN - 3] + "..."
+        return f"pid {self.pid} on {self.host} ({command}; since {self.started})"
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "host": self.host, "command": self.command, "started": self.started}
