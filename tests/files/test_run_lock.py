@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from fitdqn.cli.app import EXIT_USER_ERROR, main
+from fitdqn.config import Config, dump_config
 from fitdqn.run_lock import LOCK_NAME, Holder, RunInUse, holder_of, host_name, run_lock
 
 HOLD = textwrap.dedent("""
@@ -97,9 +98,11 @@ def test_train_and_evaluate_refuse_a_run_another_process_writes(tmp_path, capsys
         assert main(["evaluate", str(run_dir), "--device", "cpu"]) == EXIT_USER_ERROR
         assert f"in use by pid {child.pid}" in capsys.readouterr().err
         assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_NAME]  # nothing written beside the holder
-        (run_dir / "config.toml").write_text("")  # what the writer has written so far is not the reason given
+        (run_dir / "config.toml").write_text(dump_config(Config()))  # what the writer wrote is not the reason
         assert main(["train", "--data", "synthetic", "--train.device", "cpu", "--out", str(run_dir)]) \
             == EXIT_USER_ERROR
+        assert f"in use by pid {child.pid}" in capsys.readouterr().err
+        assert main(["train", "--resume", str(run_dir)]) == EXIT_USER_ERROR  # a second resume: refused too
         assert f"in use by pid {child.pid}" in capsys.readouterr().err
     finally:
         child.kill()
