@@ -42,3 +42,18 @@ def test_a_later_checkpoint_that_does_not_fit_keeps_the_previous_one(small_confi
     with pytest.raises(FileWriteError, match=r"epoch 2 .*could not be saved.*previous checkpoint is kept.*--resume"):
         runs.train(config, run_dir, console=Console(file=io.StringIO()))
     assert load_checkpoint(run_dir / CHECKPOINT_NAME)["epoch"] == 1
+
+
+def test_a_best_network_that_does_not_fit_says_what_is_lost(small_config, tmp_path, monkeypatch):
+    config = small_config(**{"train.epochs": 1, "train.eval_every": 1})
+    real = runs.save_checkpoint
+
+    def save(path, state):
+        if path.name == "best.pt":
+            raise FileWriteError(describe_os_error(OSError(errno.ENOSPC, "No space left on device"), path))
+        return real(path, state)
+
+    monkeypatch.setattr(runs, "save_checkpoint", save)
+    with pytest.raises(FileWriteError, match=r"best.pt, the best network so far \(epoch 1\) .*could not be saved.*"
+                                             r"1 epoch\(s\) of training are lost"):
+        runs.train(config, tmp_path / "run", console=Console(file=io.StringIO()))

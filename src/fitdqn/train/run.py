@@ -211,19 +211,26 @@ def save(trainer: Trainer, run_dir: Path, logger: RunLogger, replay: bool = True
         state.pop("replay")
     state["logs"] = {"records": logger.records}
     state[distributed.WORLD_SIZE_KEY] = distributed.world_size_of()
-    had_one = (run_dir / CHECKPOINT_NAME).is_file()
-    try:
-        save_checkpoint(run_dir / CHECKPOINT_NAME, state)
-    except FileWriteError as error:
-        raise FileWriteError(checkpoint_not_saved(error, trainer.epoch, tensor_bytes(state), run_dir, had_one)) \
-            from None
+    save_or_say_what_is_lost(run_dir, CHECKPOINT_NAME, state, f"the checkpoint of epoch {trainer.epoch}",
+                             trainer.epoch)
     return state
 
 
-def checkpoint_not_saved(error: FileWriteError, epoch: int, size: int, run_dir: Path, had_one: bool) -> str:
+def save_or_say_what_is_lost(run_dir: Path, name: str, state: dict[str, Any], what: str, epoch: int) -> None:
+    """``save_checkpoint`` into ``run_dir / name``; a write that fails (a full disk) says what is kept or lost."""
+    had_one = (run_dir / CHECKPOINT_NAME).is_file()
+    try:
+        save_checkpoint(run_dir / name, state)
+    except FileWriteError as error:
+        raise FileWriteError(checkpoint_not_saved(error, what, epoch, tensor_bytes(state), run_dir, had_one)) \
+            from None
+
+
+def checkpoint_not_saved(error: FileWriteError, what: str, epoch: int, size: int, run_dir: Path,
+                         had_one: bool) -> str:
     """What a checkpoint that could not be written costs: nothing but the epochs since the previous one, or (a run
     with none yet) every epoch trained."""
-    head = f"the checkpoint of epoch {epoch} (about {format_bytes(size)}) could not be saved: {error}"
+    head = f"{what} (about {format_bytes(size)}) could not be saved: {error}"
     if had_one:
         return (f"{head}; the previous checkpoint is kept, so only the epochs after it are lost: free space and "
                 f"continue with fitdqn train --resume {run_dir}")
@@ -504,8 +511,9 @@ def keep_best(trainer: Trainer, run_dir: Path, record: dict[str, Any]) -> None:
     score = record.get("validation_sharpe")
     earlier = [r.get("validation_sharpe") for r in trainer.history if "validation_sharpe" in r]
     if score is not None and all(e is None or score > e for e in earlier):
-        save_checkpoint(run_dir / BEST_NAME, {"epoch": record["epoch"], "validation_sharpe": score,
-                                              BEST_NETWORK: trainer.learner.evaluated.state_dict()})
+        save_or_say_what_is_lost(run_dir, BEST_NAME, {"epoch": record["epoch"], "validation_sharpe": score,
+                                                      BEST_NETWORK: trainer.learner.evaluated.state_dict()},
+                                 f"{BEST_NAME}, the best network so far (epoch {record['epoch']})", record["epoch"])
 
 
 def select_network(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
