@@ -58,8 +58,8 @@ class Holder:
         return {"pid": self.pid, "host": self.host, "command": self.command, "started": self.started}
 
 
-# resolved folder -> [open lock file, depth]: this process's held locks (re-entrant)
-_HELD: dict[Path, list[Any]] = {}
+# resolved folder -> its holder record: the locks this process holds (re-entrant)
+_HELD: dict[Path, Holder] = {}
 
 
 def this_command() -> str:
@@ -101,8 +101,8 @@ def read_holder(file) -> Holder | None:
     try:
         record = json.loads(text)
         return Holder(int(record["pid"]), str(record["host"]), str(record["command"]), str(record["started"]))
-    except (ValueError, KeyError, TypeError):
-        return Holder(0, "?", "a record fitdqn cannot read", "?")
+    except (ValueError, KeyError, TypeError):  # not a record fitdqn wrote: taken for one of this host's
+        return Holder(0, host_name(), "a record fitdqn cannot read", "?")
 
 
 def write_holder(file, holder: Holder) -> None:
@@ -151,12 +151,8 @@ def run_lock(run_dir: str | Path, command: str | None = None, notify: Callable[[
         yield None
         return
     key = run_dir.resolve()
-    if key in _HELD:  # re-entrant: this process holds it already
-        _HELD[key][1] += 1
-        try:
-            yield _HELD[key][2]
-        finally:
-            _HELD[key][1] -= 1
+    if key in _HELD:  # re-entrant: this process holds it already (the outermost block releases it)
+        yield _HELD[key]
         return
     path = run_dir / LOCK_NAME
     try:
@@ -185,7 +181,7 @@ def run_lock(run_dir: str | Path, command: str | None = None, notify: Callable[[
             write_holder(file, holder)
         except OSError as error:
             raise UserError(describe_os_error(error, path, doing="cannot lock the run directory at")) from None
-        _HELD[key] = [file, 1, holder]
+        _HELD[key] = holder
         try:
             yield holder
         finally:
@@ -197,23 +193,28 @@ def run_lock(run_dir: str | Path, command: str | None = None, notify: Callable[[
         file.close()  # releases the flock
 
 
-def holder_of(run_dir: str | Path) -> Holder | None:
-    """Who holds ``run_dir``'s lock now (None: nobody, or no lock file)."""
+def held(run_dir: str | Path) -> tuple[bool, Holder | None]:
+    """Whether another process holds ``run_dir``'s lock now, and its record (None until it has written one)."""
     path = Path(run_dir) / LOCK_NAME
-    if not path.is_file():
-        return None
+    if not path.is_file() or Path(run_dir).resolve() in _HELD:
+        return False, None
     with open(path) as file:
         try:
             fcntl.flock(file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return read_holder(file) or Holder(0, "?", "?", "?")
+            return True, read_holder(file)
         fcntl.flock(file.fileno(), fcntl.LOCK_UN)
-    return None
+    return False, None
+
+
+def holder_of(run_dir: str | Path) -> Holder | None:
+    """Who holds ``run_dir``'s lock now (None: nobody, or a holder that has not written its record yet)."""
+    return held(run_dir)[1]
 
 
 def check_not_in_use(run_dir: str | Path) -> None:
     """:class:`RunInUse` when another process holds ``run_dir``'s lock now: checked before anything else looks at
     the folder (what a running writer has put there is not a reason the user should act on)."""
-    holder = holder_of(run_dir)
-    if holder is not None:
+    busy, holder = held(run_dir)
+    if busy:
         raise RunInUse(refusal(Path(run_dir), holder))

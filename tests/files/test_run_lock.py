@@ -131,3 +131,11 @@ def test_act_and_export_wait_their_turn_only_when_writing_into_the_run(tmp_path,
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_lock_file_that_is_not_a_record_is_taken_over(tmp_path):
+    (tmp_path / LOCK_NAME).write_text("edited by hand")
+    notes = []
+    with run_lock(tmp_path, notify=notes.append):
+        pass
+    assert len(notes) == 1 and "a record fitdqn cannot read" in notes[0]
