@@ -559,7 +559,11 @@ def utf16_like(head: bytes) -> bool:
 
 
 def check_text_start(head: bytes, source: str) -> None:
-    """UserError when the first bytes of a text file are binary: control bytes, or not UTF-8."""
+    """UserError when the first bytes of a text file are binary: a known binary format, control bytes, or not
+    UTF-8."""
+    if binary_kind(head):
+        raise UserError(f"{source}: this is a binary file, not CSV text{binary_kind(head)}; give the bars as a CSV "
+                        "of text rows or as Parquet (.parquet)")
     control = next((i for i, byte in enumerate(head) if byte in CONTROL_BYTES and byte != 0), None)
     if control is not None:
         row = head.count(b"\n", 0, control) + 1
