@@ -2,6 +2,7 @@
 one line and exit status, not torchrun's ChildFailedError traceback (real torchrun, real processes, on the CPU)."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -35,3 +36,17 @@ def test_a_failed_rank_is_one_line_and_the_exit_status(tmp_path, how, status, sa
     assert last.startswith("fitdqn train: error: rank 1 (pid ") and "--resume RUN_DIR" in last
     pid = last.split("(pid ")[1].split(")")[0]
     assert says.format(pid=pid) in last
+
+
+def test_sigterm_to_the_launcher_stops_the_ranks_with_one_line(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text('import time\nprint("started", flush=True)\ntime.sleep(120)\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    launcher = subprocess.Popen([sys.executable, "-m", "fitdqn.train.launch", "--standalone", "--nproc-per-node=2",
+                                 str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert launcher.stdout.readline().strip() == "started"  # a rank runs
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 128 + signal.SIGTERM
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "fitdqn train: interrupted (SIGTERM): the ranks were stopped")
