@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except OSError as error:  # a full disk, a read-only folder, no permission: one line, not a traceback
-        print(f"fitdqn {args.command}: error: {describe_os_error(error, doing='file error at')}", file=sys.stderr)
+        doing = "file error at" if error.filename else "file error"
+        print(f"fitdqn {args.command}: error: {describe_os_error(error, doing=doing)}", file=sys.stderr)
         return EXIT_FILE_ERROR
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM during a run (fitdqn.train.run.Interrupted)
         signum = getattr(error, "signum", signal.SIGINT)

@@ -29,6 +29,7 @@ import fitdqn
 from fitdqn.deploy.policy import RunPolicy
 from fitdqn.errors import UserError
 from fitdqn.evaluate.ensemble import BRACKET_RULE, combine
+from fitdqn.files import atomic_write_rendered
 from fitdqn.market.env import AGENT_FIELDS, STOP_ATR, TAKE_PROFIT_ATR, position_levels, sizing_target
 from fitdqn.market.features import FEATURE_NAMES
 from fitdqn.nets.qnet import QNetwork
@@ -135,10 +136,15 @@ def export_policy(policy: RunPolicy, out: str | Path, example_batch: int = 2) ->
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
         program = torch.export.export(module, (example,), dynamic_shapes={"obs": {0: batch}})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.export.save(program, out, extra_files={METADATA_NAME: json.dumps(metadata(policy), indent=2,
-                                                                            default=str)})
-    return out
+    return save_program(program, out, metadata(policy))
+
+
+def save_program(program: torch.export.ExportedProgram, out: str | Path, info: dict[str, Any]) -> Path:
+    """The program and its metadata (``fitdqn.json``) to ``out``: built in memory (torch.export.save's writer
+    aborts the process when its file fails), then a temp file renamed into place, so a full disk or a kill keeps
+    any earlier program whole."""
+    extra = {METADATA_NAME: json.dumps(info, indent=2, default=str)}
+    return atomic_write_rendered(out, lambda buffer: torch.export.save(program, buffer, extra_files=extra))
 
 
 def load_exported(path: str | Path) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
