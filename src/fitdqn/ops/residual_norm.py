@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fitdqn.ops.kernels import next_power_of_2, triton_dtypes, triton_module
+from fitdqn.ops.kernels import next_power_of_2, runs_triton, triton_module
 
 TILE_ELEMENTS = 4096  # rows x padded columns of one program's tile: 64 rows at d = 64, 16 at d = 256
 
@@ -127,7 +127,7 @@ def residual_layer_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torc
 @residual_layer_norm_op.register_kernel("cuda")
 def _norm_cuda(x, residual, weight, bias, eps):
     check_shapes(x, residual, weight, bias)
-    if not triton_dtypes(x, residual, weight, bias):
+    if not runs_triton(x, residual, weight, bias):
         return residual_norm_maths(x, residual, weight, bias, eps)
     return _triton().fused_residual_norm(x, residual, weight, bias, eps)
 
@@ -152,7 +152,7 @@ def residual_layer_norm_backward(grad_out: torch.Tensor, total: torch.Tensor, me
 
 @residual_layer_norm_backward.register_kernel("cuda")
 def _grads_cuda(grad_out, total, mean, rstd, weight):
-    if not triton_dtypes(grad_out, total, weight):
+    if not runs_triton(grad_out, total, weight):
         return residual_norm_grads(grad_out, total, mean, rstd, weight)
     return _triton().fused_residual_norm_grads(grad_out, total, mean, rstd, weight)
 

@@ -24,7 +24,6 @@ from collections.abc import Callable
 import torch
 
 from fitdqn.ops import replay_gather as gather_ops
-from fitdqn.ops.kernels import resolve_kernels
 from fitdqn.ops.replay_gather import GoalReward, Relabel
 from fitdqn.replay.sampler import PrioritizedSampler, UniformSampler, sampleable_steps
 from fitdqn.replay.spec import TransitionSpec
@@ -113,7 +112,7 @@ class ReplayBuffer:
         ``num_envs`` (None: ``collect.num_envs``) is for a buffer of another env count than the config's; the fused
         operators follow ``net.kernels`` resolved for ``device`` (as the learner's do)."""
         r = config.replay
-        fused = resolve_kernels(config.net.kernels, torch.device(device).type) == "triton"
+        fused = torch.device(device).type == "cuda"  # the operators, whose fake kernels a plan traces
         return cls(
             spec, capacity, config.collect.num_envs if num_envs is None else num_envs,
             n_step=config.learn.n_step, gamma=config.learn.gamma,
