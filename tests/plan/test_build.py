@@ -73,8 +73,11 @@ def test_a_batch_that_does_not_fit_is_refused_before_anything_is_allocated():
 
 
 def test_traced_step_bytes_grow_linearly_with_the_batch():
+    """Within one phase of the step's peak: at the full widths the peak moves between the two TRACE_BATCHES (the
+    line through them misses 4096 by 6 %, which the plan's anchored traces absorb) and stays from there on."""
     config = synthetic(**{"collect.num_envs": 128})
-    line = check_linearity(make_train_step(config, 6000, 128 * 64), (*TRACE_BATCHES, 4 * TRACE_BATCHES[1]), "cuda")
+    batches = (2 * TRACE_BATCHES[1], 4 * TRACE_BATCHES[1], 8 * TRACE_BATCHES[1])
+    line = check_linearity(make_train_step(config, 6000, 128 * 64), batches, "cuda")
     assert line.fit.per_sample_bytes > 0
     assert line.holds(0.01), line.relative_error
 

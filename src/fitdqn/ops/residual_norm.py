@@ -86,12 +86,9 @@ def residual_norm_maths(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     acc = accumulate_dtype(x)
     with torch.autocast(x.device.type, enabled=False):
         total = (x.to(acc) + residual.to(acc)).to(x.dtype)  # [B, d]: an add of two bf16 tensors rounds so too
-        values = total.to(acc)  # [B, d]
-        mean = values.mean(-1)  # [B]
-        centred = values - mean.unsqueeze(-1)  # [B, d]
-        rstd = torch.rsqrt(centred.square().mean(-1) + eps)  # [B]
-        out = (centred * rstd.unsqueeze(-1) * weight.to(acc) + bias.to(acc)).to(x.dtype)  # [B, d]
-    return out, total, mean, rstd
+        # ATen's LayerNorm of the sum in acc: its own statistics ([B, 1] each), one kernel (not ten elementwise)
+        out, mean, rstd = torch.native_layer_norm(total.to(acc), total.shape[-1:], weight.to(acc), bias.to(acc), eps)
+    return out.to(x.dtype), total, mean.view(-1), rstd.view(-1)
 
 
 def residual_norm_grads(grad_out: torch.Tensor, total: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
