@@ -9,7 +9,8 @@ chosen anywhere else.
 Triton is optional (it ships with PyTorch's Linux CUDA wheels, not with the CPU ones): every ``*_triton`` module
 of this package imports it at its top, and is itself imported only on first use, by :func:`triton_module`. The
 environment switch ``FITDQN_TRITON=0`` (:data:`TRITON_SWITCH`) turns the Triton kernels off, for debugging: the
-operators then run their CPU maths on CUDA tensors too.
+operators then run their CPU maths on CUDA tensors too (more memory than the plan, which traces the fake kernels,
+counts for them).
 """
 
 from __future__ import annotations
