@@ -112,7 +112,7 @@ class ReplayBuffer:
         ``num_envs`` (None: ``collect.num_envs``) is for a buffer of another env count than the config's; the fused
         operators follow ``net.kernels`` resolved for ``device`` (as the learner's do)."""
         r = config.replay
-        fused = torch.device(device).type == "cuda"  # the operators, whose fake kernels a plan traces
+        fused = True  # the operators: their CPU kernels are the torch maths, their fake kernels what a plan traces
         return cls(
             spec, capacity, config.collect.num_envs if num_envs is None else num_envs,
             n_step=config.learn.n_step, gamma=config.learn.gamma,
