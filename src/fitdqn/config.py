@@ -107,16 +107,6 @@ class NetConfig:
     iqn_embedding: int = knob(64, "IQN cosine embedding size", ge=1, le=WIDTH_MAX)
     iqn_quantiles: int = knob(64, "IQN quantile samples in training (N = N')", ge=1, le=WIDTH_MAX)
     iqn_act_quantiles: int = knob(32, "IQN quantile samples for acting (K)", ge=1, le=WIDTH_MAX)
-    iqn_chunk: int = knob(
-        16, "quantiles per chunk in the chunked IQN head (smaller: less activation memory, more kernels)", ge=1
-    )
-    kernels: str = knob(
-        "auto", "kernels of the IQN head, attention core, quantile Huber loss and prioritized replay's draw and "
-        "update: 'auto' (Triton when the target device is CUDA and Triton is installed, else 'torch'), 'triton' "
-        "(fused operators; plain maths on the CPU), 'torch' (plain PyTorch ops: chunked IQN head, elementwise "
-        "attention, closed-form loss, the replay's draw op by op)",
-        choices=("auto", "triton", "torch"),
-    )
     iql_hidden: int = knob(128, "IQL value net width (state -> h -> h -> 1)", ge=1, le=WIDTH_MAX)
 
 
@@ -459,7 +449,6 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
 
 
 RENAMED_KEYS = {
-    "net.iqn_kernel": "'net.kernels' (values 'auto', 'triton', 'torch'; 'chunked' is now 'torch')",
     "train.replay_ratio": "'train.sample_reuse' (samples drawn per transition collected; the same number: "
     "updates = reuse x collected / batch)",
     "learn.epsilon_decay_steps": "'learn.epsilon_decay_fraction' (the share of the run's env steps over which "
@@ -471,6 +460,11 @@ REMOVED_KEYS = {
     "(Triton on CUDA); there is nothing to compile",
     "replay.fused_gather": "the replay always gathers a batch with the operator fitdqn::replay_gather (Triton on "
     "CUDA, the torch maths on the CPU)",
+    "net.kernels": "the networks and losses call the fitdqn:: operators, which pick their kernels by device "
+    "(Triton on CUDA, the plain maths on the CPU; FITDQN_TRITON=0 turns Triton off for debugging)",
+    "net.iqn_chunk": "the IQN operator's CPU kernel chunks the quantiles itself; its CUDA kernel keeps no "
+    "[B, N, d] tensor",
+    "net.iqn_kernel": "the networks and losses call the fitdqn:: operators, which pick their kernels by device",
 }
 
 

@@ -11,6 +11,7 @@ from importlib import import_module
 
 from fitdqn import __version__
 from fitdqn.cli.common import set_threads
+from fitdqn.config import REMOVED_KEYS
 from fitdqn.errors import UserError
 from fitdqn.files import describe_os_error
 
@@ -65,6 +66,10 @@ def unknown_options(unknown: list[str], command: argparse.ArgumentParser) -> str
     hints = []
     for token in unknown:
         flag = token.split("=", 1)[0]
+        removed = flag[2:].replace("-", "_") if flag.startswith("--") else ""
+        if removed in REMOVED_KEYS:
+            hints.append(f"{flag} was removed: {REMOVED_KEYS[removed]}")
+            continue
         close = difflib.get_close_matches(flag, known, n=1, cutoff=0.8) if flag.startswith("--") else []
         if close:
             hints.append(f"{flag}: did you mean {close[0]}?")
