@@ -5,10 +5,10 @@ A workload is an Optuna study: each run is a trial enqueued with fixed params (`
 attributes hold its name, its run directory (relative to the workload's) and its config. A worker claims a waiting
 trial (WAITING -> RUNNING is one row update under the database's lock: two workers never hold the same trial), beats
 its heartbeat while the run lives, and records how it ended. A worker that dies (killed, its machine gone) stops
-beating: past the grace period any worker that looks fails the trial and Optuna's ``RetryFailedTrialCallback``
-enqueues a copy of it, which the next free worker takes and resumes from the run's checkpoint. The run directory
-decides what is done: a run whose report exists is recorded, never run again, so a run is never run twice to
-completion; a run that fails with an error is recorded failed and not retried.
+beating: past the grace period any worker that looks fails the trial and Optuna's
+``RetryHeartbeatStaleTrialCallback`` enqueues a copy of it, which the next free worker takes and resumes from the
+run's checkpoint. The run directory decides what is done: a run whose report exists is recorded, never run again,
+so a run is never run twice to completion; a run that fails with an error is recorded failed and not retried.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import RDBStorage, RetryFailedTrialCallback
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from fitdqn.config import Config, config_from_dict, config_to_dict
@@ -48,7 +48,8 @@ def open_queue_storage(url: str, heartbeat_seconds: int, grace_seconds: int | No
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None  # several writers
     try:
         return RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=int(heartbeat_seconds),
-                          grace_period=grace_seconds, failed_trial_callback=RetryFailedTrialCallback(max_retry=None))
+                          grace_period=grace_seconds,
+                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=None))
     except (ImportError, ValueError, optuna.exceptions.StorageInternalError) as error:
         raise UserError(f"cannot open the queue's storage '{url}': {error}; give an SQLAlchemy URL such as "
                         "sqlite:///runs/queue.db or postgresql+psycopg://user@host/db (--storage URL)") from None
@@ -58,7 +59,7 @@ def open_queue_storage(url: str, heartbeat_seconds: int, grace_seconds: int | No
 
 def queued_studies(storage: RDBStorage) -> list[str]:
     """The names of the fitdqn workloads in the storage."""
-    return [s.study_name for s in optuna.get_all_studies(storage) if QUEUE_ATTR in s.user_attrs]
+    return [s.study_name for s in storage.get_all_studies() if QUEUE_ATTR in s.user_attrs]
 
 
 def enqueue(storage: RDBStorage, name: str, run_dir: Path, config: Config, runs: list[Run],
@@ -152,7 +153,7 @@ class SharedQueue:
             self.storage.set_trial_state_values(run.ticket, TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:
             return  # failed as stale meanwhile: already queued again
-        RetryFailedTrialCallback(max_retry=None)(self.study, self.storage.get_trial(run.ticket))
+        RetryHeartbeatStaleTrialCallback(max_retry=None)(self.study, self.storage.get_trial(run.ticket))
 
     def heartbeat(self, runs: list[Run]) -> None:
         for run in runs:
