@@ -1,3 +1,4 @@
+import json
 import socket
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def test_a_cut_off_trial_is_failed_and_queued_again(tmp_path):
     for trial, pid in ((alive, 0), (cut, dead_pid())):
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("tune_pid", pid or __import__("os").getpid())
-    assert recover_cut_off(study, storage) == [cut.number]
+    assert recover_cut_off(study, storage, "validation_sharpe") == [(cut.number, "queued again")]
     trials = study.get_trials()
     assert trials[alive.number].state == TrialState.RUNNING
     assert trials[cut.number].state == TrialState.FAIL and "cut off" in trials[cut.number].user_attrs["error"]
@@ -81,6 +82,47 @@ def test_a_cut_off_trial_is_failed_and_queued_again(tmp_path):
     assert count_trials(study) == (0, 1)  # the cut-off trial does not count as finished
     again = study.ask(space.distributions)
     assert again.params == cut.params
+
+
+def cut_off_trial(study, space, run_dir):
+    """A trial left RUNNING by a tune process that has ended (SIGKILL), with its run directory."""
+    trial = study.ask(space.distributions)
+    for key, value in (("host", socket.gethostname()), ("tune_pid", dead_pid()), ("worker_pid", dead_pid()),
+                       ("run_dir", str(run_dir))):
+        trial.set_user_attr(key, value)
+    run_dir.mkdir(parents=True)
+    return trial
+
+
+def test_a_trial_that_finished_before_its_tune_process_was_killed_is_recorded_not_run_again(tmp_path):
+    """SIGKILL of `fitdqn tune` after a trial's run finished but before the study heard: the same command again
+    records the trial as it ended (its result.json; or, where the worker was interrupted after its run finished,
+    the run's report.json and its last validated value) and never fails it or queues it again."""
+    config = base_config(tmp_path)
+    space = parse_search_space(SEARCH, config)
+    (tmp_path / "tune").mkdir()
+    storage = open_storage(storage_url(config.tune))
+    study = open_study(config, space, storage)
+    told = cut_off_trial(study, space, tmp_path / "told")
+    (tmp_path / "told" / "result.json").write_text(json.dumps({"state": "complete", "value": 0.75, "epochs": 2}))
+    late = cut_off_trial(study, space, tmp_path / "late")  # interrupted by its parent's death after the run ended
+    (tmp_path / "late" / "result.json").write_text(json.dumps({"state": "interrupted"}))
+    (tmp_path / "late" / "report.json").write_text("{}")
+    (tmp_path / "late" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in (
+        {"epoch": 1, "validation_sharpe": 0.5}, {"epoch": 2, "validation_sharpe": 1.25}, {"epoch": 3},
+        {"kind": "oom"})))
+    cut = cut_off_trial(study, space, tmp_path / "cut")  # its run had not finished
+    (tmp_path / "cut" / "result.json").write_text(json.dumps({"state": "interrupted"}))
+    assert recover_cut_off(study, storage, "validation_sharpe") == [
+        (told.number, "complete"), (late.number, "complete"), (cut.number, "queued again")]
+    trials = study.get_trials()
+    assert trials[told.number].state == TrialState.COMPLETE and trials[told.number].value == 0.75
+    assert trials[told.number].user_attrs["epochs"] == 2
+    assert trials[late.number].state == TrialState.COMPLETE and trials[late.number].value == 1.25
+    assert trials[cut.number].state == TrialState.FAIL
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert [t.user_attrs[REQUEUED_FROM] for t in waiting] == [cut.number]  # only the unfinished one runs again
+    assert count_trials(study) == (2, 0)
 
 
 def test_a_study_refuses_another_space_or_base_config(tmp_path):
@@ -124,9 +166,9 @@ def test_a_trial_of_another_machine_gone_silent_is_queued_again(tmp_path):
     trial = study.ask(space.distributions)
     trial.set_user_attr("host", "another-machine")
     storage.record_heartbeat(trial._trial_id)
-    assert recover_cut_off(study, storage) == [] and study.trials[0].state == TrialState.RUNNING
+    assert recover_cut_off(study, storage, "validation_sharpe") == [] and study.trials[0].state == TrialState.RUNNING
     time.sleep(3.5)  # past the grace period (twice the interval; SQLite keeps whole seconds) without a heartbeat
-    recover_cut_off(study, storage)
+    recover_cut_off(study, storage, "validation_sharpe")
     assert study.trials[0].state == TrialState.FAIL
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].user_attrs[REQUEUED_FROM] == 0

@@ -39,23 +39,24 @@ from fitdqn.market.loader import load_market
 from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.tune.space import SearchSpace
 from fitdqn.tune.study import (
+    FINISHED,
     TRIALS_DIR,
     check_tune_config,
     count_trials,
     open_storage,
     open_study,
+    record_outcome,
     recover_cut_off,
     requeue,
     storage_url,
     trial_config,
+    trial_outcome,
     write_best_config,
 )
 from fitdqn.tune.worker import LOG_FILE, RESULT_FILE, SPEC_FILE
 
 POLL_SECONDS = 0.5  # how often running workers are checked
 STOP_SECONDS = 60.0  # how long an interrupted worker may take to save its checkpoint
-MEASURED = ("epochs", "batch_size", "threads", "samples_per_s", "planned_bytes", "allocator_limit_bytes",
-            "peak_reserved_bytes", "ooms", "seconds", "timeline")
 
 
 @dataclass(frozen=True)
@@ -165,8 +166,11 @@ class TuneRun:
         self.last_heartbeat = time.monotonic()
 
     def run(self) -> optuna.Study:
-        for number in recover_cut_off(self.study, self.storage):
-            self.console.print(f"trial {number} was cut off by an ended tune process: failed, and queued again")
+        for number, done in recover_cut_off(self.study, self.storage, self.tune.objective, STOP_SECONDS):
+            if done == "queued again":
+                self.console.print(f"trial {number} was cut off by an ended tune process: failed, and queued again")
+            else:
+                self.console.print(f"trial {number} had ended ({done}) before its tune process did: recorded")
         finished, _ = count_trials(self.study)
         self.console.print(f"study '{self.study.study_name}' in {self.url}: {finished} of {self.tune.trials} trials "
                            f"finished; maximising {self.tune.objective}")
@@ -241,27 +245,27 @@ class TuneRun:
         """Record how a worker's trial ended (its result.json, or its exit status and log if it wrote none)."""
         worker.log.close()
         trial, number = worker.trial, worker.trial.number
-        result = read_result(worker.run_dir)
-        for key in MEASURED:
-            if result.get(key) is not None:
-                trial.set_user_attr(key, result[key])
+        result = trial_outcome(worker.run_dir, self.tune.objective)
         state = result.get("state")
-        if state == "complete":
-            self.study.tell(trial, result["value"])
-            line = f"trial {number} complete: {self.tune.objective} {result['value']:.4f}"
-        elif state == "pruned":
-            self.study.tell(trial, state=TrialState.PRUNED)
-            line = f"trial {number} pruned at epoch {result.get('epochs')}: {self.tune.objective} {result['value']:.4f}"
-        elif state == "interrupted":
+        if state == "interrupted":
             requeue(self.study, self.storage, self.storage.get_trial(trial._trial_id),
                     "interrupted before it finished; queued again")
             self.console.print(f"trial {number} interrupted: queued again", highlight=False)
             return
-        else:
-            error = result.get("error") or (f"the trial process exited with status {worker.process.returncode} "
-                                            f"without a result; last lines of its log:\n{log_tail(worker.run_dir)}")
-            self.fail(trial, error, worker.params)
+        if state not in FINISHED:
+            result = {**result, "state": "fail", "error": result.get("error") or (
+                f"the trial process exited with status {worker.process.returncode} without a result; last lines "
+                f"of its log:\n{log_tail(worker.run_dir)}")}
+        record_outcome(self.study, self.storage, self.storage.get_trial(trial._trial_id), result)
+        if result["state"] == "fail":
+            first = result["error"].strip().splitlines()[0] if result["error"].strip() else "(no message)"
+            self.console.print(f"trial {number} failed: {first}  ({format_params(worker.params)}); the study goes "
+                               "on", highlight=False, markup=False)
             return
+        if result["state"] == "complete":
+            line = f"trial {number} complete: {self.tune.objective} {result['value']:.4f}"
+        else:
+            line = f"trial {number} pruned at epoch {result.get('epochs')}: {self.tune.objective} {result['value']:.4f}"
         seconds = result.get("seconds", 0.0)
         self.console.print(f"{line}  ({format_params(worker.params)}; {result.get('epochs')} epochs, {seconds:.0f} s)",
                            highlight=False)
@@ -291,21 +295,13 @@ class TuneRun:
                 worker.process.wait()
         for worker in list(self.workers.values()):
             del self.workers[worker.trial.number]
-            if read_result(worker.run_dir).get("state") in ("complete", "pruned", "fail"):
+            if trial_outcome(worker.run_dir, self.tune.objective).get("state") in FINISHED:
                 self.collect(worker)
             else:
                 worker.log.close()
                 requeue(self.study, self.storage, self.storage.get_trial(worker.trial._trial_id),
                         "interrupted before it finished; queued again")
         self.console.print("interrupted: finished trials are saved in the study; run the same command to continue")
-
-
-def read_result(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / RESULT_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
 
 
 def log_tail(run_dir: Path, lines: int = 20) -> str:

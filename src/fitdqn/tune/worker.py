@@ -31,10 +31,9 @@ from fitdqn.errors import UserError
 from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.train.logs import read_jsonl
 from fitdqn.train.run import train
-from fitdqn.tune.study import make_pruner, open_storage
+from fitdqn.tune.study import RESULT_FILE, make_pruner, open_storage
 
 SPEC_FILE = "trial.json"
-RESULT_FILE = "result.json"
 LOG_FILE = "train.log"
 
 
