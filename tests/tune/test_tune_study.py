@@ -15,7 +15,6 @@ from tune_helpers import quiet  # noqa: E402
 from fitdqn.cli import main  # noqa: E402
 from fitdqn.config import Config, with_overrides  # noqa: E402
 from fitdqn.errors import UserError  # noqa: E402
-from fitdqn.tune.runner import memory_fraction, threads_per_trial  # noqa: E402
 from fitdqn.tune.space import parse_search_space  # noqa: E402
 from fitdqn.tune.study import (  # noqa: E402
     REQUEUED_FROM,
@@ -51,10 +50,14 @@ def test_reporter_reports_validated_epochs_and_stops_when_pruned():
     assert [e["epoch"] for e in reporter.epochs] == [1, 1, 2]
 
 
-def test_threads_and_memory_are_split_between_trials():
-    assert [threads_per_trial(16, k) for k in (1, 2, 4, 5, 32)] == [16, 8, 4, 3, 1]
-    assert memory_fraction(100, 140, 1) is None  # one trial at a time: uncapped
-    assert memory_fraction(100, 140, 4) == pytest.approx(25 / 140)
+def test_trials_are_packed_by_the_base_configs_plan_on_a_gpu_and_split_the_threads_on_a_cpu(tmp_path):
+    from fitdqn.schedule.packing import packing
+    from fitdqn.tune.runner import plan_resources
+
+    config = base_config(tmp_path, **{"train.device": "cpu", "train.threads": 16})
+    assert plan_resources(config).packing == packing(None, None, 16, 0)  # auto on a CPU: one at a time
+    assert plan_resources(with_overrides(config, {"tune.parallel": 4})).packing.threads == 4
+    assert plan_resources(config).fraction(None) is None
 
 
 def dead_pid() -> int:

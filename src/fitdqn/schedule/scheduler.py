@@ -78,13 +78,20 @@ class Resources:
         return None if self.free_bytes is None else self.shares.get(config_key(config), self.free_bytes)
 
 
-def probe_shares(device_spec: str, configs: list[Config]) -> dict[str, Any]:
-    """The device and each config's share, planned by a separate process (``fitdqn.schedule.shares``)."""
+def probe_shares(device_spec: str, configs: list[Config], described: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """The device and each config's share, planned by a separate process (``fitdqn.schedule.shares``);
+    ``described``: the device probed before (JSON), planned as a what-if device with no GPU visible."""
+    env = worker_env(1)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "configs.json"
         path.write_text(json.dumps([config_to_dict(c) for c in configs]))
-        done = subprocess.run([sys.executable, "-m", "fitdqn.schedule.shares", device_spec, str(path)],
-                              env=worker_env(1), capture_output=True, text=True)
+        command = [sys.executable, "-m", "fitdqn.schedule.shares", device_spec, str(path)]
+        if described is not None:
+            (Path(folder) / "device.json").write_text(json.dumps(described))
+            command.append(str(Path(folder) / "device.json"))
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
     try:
         info = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):

@@ -2,12 +2,12 @@
 the whole card, plus the planner's headroom and a margin (``packing.share_bytes``).
 
 The shares are planned in a separate process (``python -m fitdqn.schedule.shares DEVICE CONFIGS.json``) before any
-run starts: it probes the device, plans each distinct config there (cached on disk: ``plan.plan_cache``; the seed
-and the run directory move no byte, so every member of a study is one plan) and prints the shares, so the scheduler
-holds no CUDA context of its own. A plan that grows with the memory it is given (an auto batch or a replay not yet
-at its cap fills the card) would be another plan within a smaller share: such a run is given the whole free memory
-and runs alone, as it would by itself.
-"""
+run starts: it probes the device (or, for a run queued once others hold the GPU, such as a tune trial sampled later,
+takes the device probed before them as a what-if description, with no GPU visible), plans each distinct config there
+(cached on disk: ``plan.plan_cache``; the seed and the run directory move no byte, so every member of a study is one
+plan) and prints the shares, so the scheduler holds no CUDA context of its own. A plan that grows with the memory it
+is given (an auto batch or a replay not yet at its cap fills the card) would be another plan within a smaller share:
+such a run is given the whole free memory and runs alone, as it would by itself."""
 
 from __future__ import annotations
 
@@ -57,11 +57,19 @@ def device_from_json(data: dict[str, Any]) -> DeviceInfo:
     return DeviceInfo(**{**data, "compute_capability": tuple(capability) if capability else None})
 
 
-def plan_shares(device_spec: str, configs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The probed device (JSON) and, on a GPU, each config's share (None on a CPU: memory is not packed)."""
+def plan_shares(device_spec: str, configs: list[dict[str, Any]], described: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+    """The probed device (JSON) and, on a GPU, each config's share (None on a CPU: memory is not packed).
+
+    ``described``: a device probed before (its JSON), planned on the what-if path instead of probed again (runs
+    hold the GPU by then: its free memory is the one probed before they started, and this process, started with
+    no GPU visible, makes no CUDA context)."""
     from fitdqn.device.probe import probe
 
-    device = probe(device_spec)
+    if described is not None:
+        device = dataclasses.replace(device_from_json(described), what_if=True)
+    else:
+        device = probe(device_spec)
     shares: list[int | None] = [None] * len(configs)
     if device.kind == "cuda":
         known: dict[str, int] = {}
@@ -77,7 +85,8 @@ def plan_shares(device_spec: str, configs: list[dict[str, Any]]) -> dict[str, An
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        result = plan_shares(argv[0], json.loads(Path(argv[1]).read_text()))
+        described = json.loads(Path(argv[2]).read_text()) if len(argv) > 2 else None
+        result = plan_shares(argv[0], json.loads(Path(argv[1]).read_text()), described)
     except UserError as error:
         result = {"error": str(error)}
     print(json.dumps(result))

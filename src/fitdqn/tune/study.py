@@ -41,7 +41,7 @@ PRUNERS = ("median", "none")
 def check_tune_config(tune: TuneConfig) -> None:
     checks = [
         (tune.trials >= 1, "tune.trials must be at least 1 (--trials N)"),
-        (tune.parallel >= 1, "tune.parallel must be at least 1 (--parallel K)"),
+        (tune.parallel >= 0, "tune.parallel must be 0 (auto) or more (--parallel K)"),
         (tune.sampler in SAMPLERS, f"tune.sampler must be one of {', '.join(SAMPLERS)}"),
         (tune.pruner in PRUNERS, f"tune.pruner must be one of {', '.join(PRUNERS)}"),
         (tune.startup_trials >= 0 and tune.warmup_epochs >= 0,
@@ -82,7 +82,7 @@ def make_sampler(tune: TuneConfig, offset: int) -> BaseSampler:
     seed = tune.seed + offset
     if tune.sampler == "random":
         return RandomSampler(seed=seed)
-    return TPESampler(seed=seed, constant_liar=tune.parallel > 1)  # running trials count as pending results
+    return TPESampler(seed=seed, constant_liar=tune.parallel != 1)  # running trials count as pending results
 
 
 def make_pruner(tune: TuneConfig) -> BasePruner:

@@ -5,9 +5,6 @@ reads back ``result.json``; it alone tells the study how the trial ended. Here: 
 on a GPU, its allocator (``torch.cuda.set_per_process_memory_fraction``, before anything is allocated: the probe
 reads the cap into ``DeviceInfo.allocator_limit_bytes`` and the planner plans within it), then train the run with
 an epoch hook that reports the validation objective to the study and stops the run when the pruner says so.
-
-``python -m fitdqn.tune.worker --probe DEVICE`` prints the probed device as JSON (the tune process asks a
-separate process, so that it holds no CUDA context of its own).
 """
 
 from __future__ import annotations
@@ -26,8 +23,8 @@ import torch
 from rich.console import Console
 
 from fitdqn.config import config_from_dict
-from fitdqn.device.probe import configure_allocator, probe, resolve_device
 from fitdqn.errors import UserError
+from fitdqn.schedule.member import cap_memory
 from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.train.logs import read_jsonl
 from fitdqn.train.run import train
@@ -58,16 +55,6 @@ class EpochReporter:
             self.pruned = True
             return True
         return False
-
-
-def cap_memory(device_spec: str, fraction: float | None) -> None:
-    """This process's share of the GPU: PyTorch's allocator may hold at most ``fraction`` x total."""
-    if fraction is None:
-        return
-    configure_allocator()  # before the first allocation, as a plain run does
-    device = resolve_device(device_spec)
-    if device.type == "cuda":
-        torch.cuda.set_per_process_memory_fraction(fraction, device)
 
 
 def run_trial(spec: dict[str, Any], console: Console) -> dict[str, Any]:
@@ -118,13 +105,6 @@ def error_text(error: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    if argv[:1] == ["--probe"]:
-        try:
-            print(json.dumps(probe(argv[1]).to_json()))
-        except UserError as error:
-            print(json.dumps({"error": str(error)}))
-            return 2
-        return 0
     spec_path = Path(argv[0])
     spec = json.loads(spec_path.read_text())
     result_path = spec_path.parent / RESULT_FILE
