@@ -186,3 +186,41 @@ def test_bars_that_do_not_load_stop_the_study_before_any_trial(tmp_path):
     with pytest.raises(UserError, match="missing.csv"):
         run.run()
     assert run.study.get_trials() == []
+
+
+class FakeTrial:
+    """What a trial's process tells the study: the values reported, and a pruner that prunes below ``bar``."""
+
+    def __init__(self, bar: float | None = None) -> None:
+        self.reports, self.bar = [], bar
+
+    def report(self, value, step):
+        self.reports.append((step, value))
+
+    def should_prune(self):
+        return self.bar is not None and self.reports[-1][1] < self.bar
+
+
+def test_a_walk_forward_trial_is_its_members_mean_and_is_pruned_member_by_member(tmp_path):
+    import json
+
+    from tune_helpers import TINY, quiet
+
+    from fitdqn.tune.study import last_value, trial_outcome
+    from fitdqn.tune.worker import run_study_trial
+
+    config = with_overrides(Config(), {**TINY, "train.epochs": 1, "evaluate.folds": 2,
+                                       "evaluate.bootstrap_samples": 200, "train.out": str(tmp_path / "trial")})
+    trial = FakeTrial()
+    result = run_study_trial(config, tmp_path / "trial", trial, quiet())
+    lasts = [last_value(tmp_path / "trial" / f"seed_0/fold_{k}", "validation_sharpe") for k in range(2)]
+    assert result["state"] == "complete" and result["value"] == pytest.approx(sum(lasts) / 2)
+    assert trial.reports == [(1, pytest.approx(lasts[0])), (2, pytest.approx(sum(lasts) / 2))]
+    assert json.loads((tmp_path / "trial" / "report.json").read_text())["members"]  # the study report
+    # killed after its study finished, before telling the study: the run directory gives the same value
+    assert trial_outcome(tmp_path / "trial", "validation_sharpe")["value"] == pytest.approx(result["value"])
+    pruned = FakeTrial(bar=float("inf"))  # below any bar: pruned after its first member
+    result = run_study_trial(with_overrides(config, {"train.out": str(tmp_path / "pruned")}), tmp_path / "pruned",
+                             pruned, quiet())
+    assert result["state"] == "pruned" and len(pruned.reports) == 1
+    assert not (tmp_path / "pruned" / "seed_0" / "fold_1" / "report.json").exists()

@@ -33,6 +33,7 @@ BEST_FILE = "best.toml"
 TRIALS_DIR = "trials"
 RESULT_FILE = "result.json"  # what a trial's worker writes when it ends (fitdqn.tune.worker)
 REPORT_FILE = "report.json"  # what a run writes last (fitdqn.train.run): its run has finished
+STUDY_MEMBERS = "study.json"  # a walk-forward trial's members (fitdqn.train.study.STUDY_NAME)
 REQUEUED_FROM = "requeued_from"  # user attribute of a trial queued again in place of a cut-off one
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("median", "none")
@@ -184,11 +185,22 @@ def trial_outcome(run_dir: Path, objective: str) -> dict[str, Any]:
         result = {}
     if result.get("state") in FINISHED or not (run_dir / REPORT_FILE).is_file():
         return result
+    if (run_dir / STUDY_MEMBERS).is_file():  # a walk-forward trial: the mean over its members
+        members = json.loads((run_dir / STUDY_MEMBERS).read_text())
+        lasts = [last_value(run_dir / m["dir"], objective) for m in members]
+        value = sum(lasts) / len(lasts) if lasts and None not in lasts else None
+    else:
+        value = last_value(run_dir, objective)
+    if value is None:
+        return {**result, "state": "fail", "error": f"the run finished without reporting {objective}"}
+    return {**result, "state": "complete", "value": value}
+
+
+def last_value(run_dir: Path, objective: str) -> float | None:
+    """A run's last validated ``objective`` (its metrics.jsonl), None if it reported none."""
     values = [float(r[objective]) for r in read_jsonl(run_dir / METRICS_NAME)
               if isinstance(r.get(objective), int | float) and math.isfinite(r[objective])]
-    if not values:
-        return {**result, "state": "fail", "error": f"the run finished without reporting {objective}"}
-    return {**result, "state": "complete", "value": values[-1]}
+    return values[-1] if values else None
 
 
 def record_outcome(study: optuna.Study, storage: RDBStorage, trial: FrozenTrial, result: dict[str, Any]) -> None:
