@@ -60,3 +60,14 @@ def test_two_workers_share_a_queue_and_a_killed_workers_run_is_finished_by_the_o
     for m in members:
         report = json.loads((study_dir / m["dir"] / "report.json").read_text())
         assert report["test"]["agent"]["sharpe"] == m["test_sharpe"]
+
+
+def test_a_worker_on_a_bad_url_is_one_clear_error_and_on_an_empty_queue_ends(tmp_path, capsys):
+    from fitdqn.cli import main
+
+    assert main(["worker", "--storage", "nonsense://x"]) == 2
+    assert "cannot open the queue's storage 'nonsense://x'" in capsys.readouterr().err
+    assert main(["worker", "--storage", f"sqlite:///{tmp_path / 'queue.db'}"]) == 0
+    assert "served 0 queue(s)" in capsys.readouterr().out
+    assert main(["worker", "--storage", f"sqlite:///{tmp_path / 'queue.db'}", "--study", "nope"]) == 2
+    assert "no queue of runs named 'nope'" in capsys.readouterr().err

@@ -55,6 +55,11 @@ def run_members(config: Config, study_dir: Path) -> Any:
 
 
 def run_shared(config: Config, study_dir: Path, runs: list[Run], console: Console, cores: int) -> None:
+    try:  # Optuna is optional: looked for only when a queue lives in a database
+        import optuna  # noqa: F401
+    except ImportError:
+        raise UserError("train.storage (--storage URL) needs Optuna, which is not installed: pip install "
+                        "'fitdqn[workers]'") from None
     from fitdqn.schedule.shared import SharedQueue, enqueue, open_queue_storage
 
     storage = open_queue_storage(config.train.storage, config.tune.heartbeat_seconds)
