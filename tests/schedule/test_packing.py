@@ -9,7 +9,7 @@ import pytest
 from fitdqn.config import Config
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.schedule.packing import AUTO, first_fit, packing, share_bytes, to_start
-from fitdqn.schedule.shares import SHARE_MARGIN_BYTES, run_share
+from fitdqn.schedule.shares import SHARE_MARGIN_BYTES, SHARE_RESOLUTION_BYTES, run_share
 
 GiB = 2**30
 CARDS = {"4 GiB": 4 * GiB, "8 GiB": 8 * GiB, "24 GiB": 24 * GiB, "80 GiB": 80 * GiB, "141 GiB": 141 * GiB}
@@ -88,12 +88,12 @@ class FakePlan:
     replay_capacity: int
 
 
-def fake_planner(grows: bool):
-    """A plan of 1 GiB at any free memory from 2 GiB up; with ``grows``, its replay fills what it is given."""
+def fake_planner(grows: bool, replay_cap: int | None = None):
+    """A plan of 1 GiB; with ``grows``, its replay is a share of what it is given (up to ``replay_cap``)."""
 
     def plan(config, device):
         capacity = device.free_bytes // 1000 if grows else 10_000
-        return FakePlan(GiB, 512, capacity)
+        return FakePlan(GiB, 512, min(capacity, replay_cap or capacity))
 
     return plan
 
@@ -105,5 +105,8 @@ def test_a_share_is_the_plan_with_headroom_and_margin_unless_the_plan_grows_with
     assert GiB + SHARE_MARGIN_BYTES < expected < 2 * GiB
     assert run_share(config, device, fake_planner(grows=False)) == expected
     assert run_share(config, device, fake_planner(grows=True)) == device.free_bytes  # alone, as by itself
+    # a replay at its cap from 3 GiB free: the least free memory giving that plan, to the resolution
+    share = run_share(config, device, fake_planner(grows=True, replay_cap=3 * GiB // 1000))
+    assert 3 * GiB <= share <= 3 * GiB + SHARE_RESOLUTION_BYTES
     small = dataclasses.replace(device, free_bytes=GiB)
     assert run_share(config, small, fake_planner(grows=False)) == GiB  # more than there is: the whole card

@@ -24,6 +24,7 @@ from fitdqn.errors import UserError
 from fitdqn.schedule.packing import share_bytes
 
 SHARE_MARGIN_BYTES = 64 * 2**20  # beyond the plan: the allocator's rounding to whole segments
+SHARE_RESOLUTION_BYTES = 16 * 2**20  # how close the least free memory giving a run its own plan is found
 
 
 def planning_config(config: Config) -> Config:
@@ -32,7 +33,12 @@ def planning_config(config: Config) -> Config:
 
 
 def run_share(config: Config, device: DeviceInfo, plan: Callable | None = None) -> int:
-    """The free memory the run of ``config`` is given on ``device`` (its ``free_bytes``: the whole free memory)."""
+    """The free memory the run of ``config`` is given on ``device`` (its ``free_bytes``: the whole free memory).
+
+    At least its planned bytes with the planner's headroom and a margin; where the plan made there is not the one
+    made on the whole free memory (its replay is a share of the free memory, ``budget.replay_buffer_vram_fraction``,
+    up to replay.capacity; an auto batch up to budget.max_batch), the least free memory at which it is (to
+    ``SHARE_RESOLUTION_BYTES``), found by bisection: the whole free memory for a plan that grows with it."""
     if plan is None:
         from fitdqn.plan.plan_cache import plan_for_device as plan  # the planner: only when a share is planned
     from fitdqn.plan.planner import InfeasiblePlan
@@ -40,16 +46,25 @@ def run_share(config: Config, device: DeviceInfo, plan: Callable | None = None) 
     free = device.free_bytes
     config = planning_config(config)
     whole = plan(config, device)
-    share = share_bytes(whole.planned_bytes, config.budget.headroom_fraction, SHARE_MARGIN_BYTES)
-    if share >= free:
+    wanted = (whole.batch_size, whole.replay_capacity)
+
+    def same_plan(share: int) -> bool:
+        try:
+            within = plan(config, dataclasses.replace(device, free_bytes=share))
+        except InfeasiblePlan:
+            return False
+        return (within.batch_size, within.replay_capacity) == wanted
+
+    low = share_bytes(whole.planned_bytes, config.budget.headroom_fraction, SHARE_MARGIN_BYTES)
+    if low >= free:
         return free
-    try:
-        within = plan(config, dataclasses.replace(device, free_bytes=share))
-    except InfeasiblePlan:
-        return free
-    if (within.batch_size, within.replay_capacity) != (whole.batch_size, whole.replay_capacity):
-        return free  # it grows with the memory: alone, on the whole card
-    return share
+    if same_plan(low):
+        return low
+    high = free  # the same plan, by definition
+    while high - low > SHARE_RESOLUTION_BYTES:
+        middle = (low + high) // 2
+        low, high = (low, middle) if same_plan(middle) else (middle, high)
+    return high if high < free else free
 
 
 def device_from_json(data: dict[str, Any]) -> DeviceInfo:
