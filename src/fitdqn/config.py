@@ -315,13 +315,9 @@ class TrainConfig:
     dist_timeout: float = knob(
         1800.0, "seconds a rank waits for the others (gradient all-reduce, barriers; rank 0 alone validates, "
         "checkpoints and reports meanwhile) before the job ends with an error", gt=0)
-    parallel: int = knob(
-        0, "runs of a study (--seeds/--folds) at once, each its own process: 0 = auto (on a GPU as many as their "
-        "own plans fit in the free memory together, with a core each; on a CPU one at a time with every thread); "
-        "K caps it (on a CPU: K at once, the threads split K ways)", ge=0)
-    storage: str = knob(
-        "", "Optuna storage URL (sqlite:///FILE, postgresql://user@host/db) holding the queue of a study's runs: "
-        "`fitdqn worker --storage URL` on any machine takes runs from it; empty = queued in this process")
+    parallel: int = knob(0, "runs of a study at once: 0 = auto (as many as their plans fit on the GPU; one on a "
+                         "CPU); K caps it", ge=0)
+    storage: str = knob("", "database URL queueing a study's runs for `fitdqn worker`; empty = this process")
 
 
 @dataclass(frozen=True)

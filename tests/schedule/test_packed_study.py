@@ -4,8 +4,8 @@ in this process (on the CPU: the same figures), and the study continues where it
 import io
 import json
 
-from conftest import TINY_RUN
 from rich.console import Console
+from support.queue_runs import TINY_RUN
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.schedule.study import run_packed_study

@@ -5,7 +5,7 @@ import json
 import signal
 
 import pytest
-from conftest import TINY_RUN, fitdqn_process, toml_of, wait_for
+from support.queue_runs import TINY_RUN, fitdqn_process, toml_of, wait_for
 
 optuna = pytest.importorskip("optuna")
 
