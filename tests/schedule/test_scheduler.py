@@ -59,6 +59,7 @@ def fake_gpu_scheduler(tmp_path, monkeypatch, shares_gib, free_gib, cores, codes
 
     monkeypatch.setattr(Scheduler, "launch", launch)
     monkeypatch.setattr(scheduler_module, "POLL_SECONDS", 0.0)
+    monkeypatch.setattr(scheduler_module, "IDLE_SECONDS", 0.0)
     return scheduler, queue, launched, most
 
 

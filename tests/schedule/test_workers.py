@@ -24,8 +24,8 @@ def test_two_workers_share_a_queue_and_a_killed_workers_run_is_finished_by_the_o
     config.write_text(toml_of(TINY_RUN))
     study_dir = tmp_path / "study"
     name = str(study_dir.resolve())
-    train = fitdqn_process("train", "--config", str(config), "--seeds", "3", "--folds", "2", "--out",
-                           str(study_dir), "--storage", postgres_url, "--tune.heartbeat_seconds", "1")
+    train = fitdqn_process("train", "--config", str(config), "--seeds", "3", "--folds", "2", "--out", str(study_dir),
+                           "--storage", postgres_url, "--tune.heartbeat_seconds", "1", "--parallel", "2")
     try:
         assert wait_for(lambda: len(trials_of(postgres_url, name)) == 6, 120), "the study's runs were never queued"
         worker = fitdqn_process("worker", "--storage", postgres_url, "--heartbeat", "1")

@@ -35,6 +35,7 @@ from fitdqn.schedule.shares import planning_config
 from fitdqn.train.checkpoint import atomic_write_text
 
 POLL_SECONDS = 0.2  # how often running runs are checked
+IDLE_SECONDS = 1.0  # how often a scheduler running nothing looks at the queue again (runs of other workers)
 STOP_SECONDS = 60.0  # how long an interrupted run may take to save its checkpoint
 
 
@@ -225,7 +226,7 @@ class Scheduler:
                            markup=False, soft_wrap=True)
 
     def wait(self) -> None:
-        time.sleep(POLL_SECONDS)
+        time.sleep(POLL_SECONDS if self.running else IDLE_SECONDS)
         for started in list(self.running):
             if started.process.poll() is not None:
                 self.running.remove(started)
