@@ -299,6 +299,9 @@ class TrainConfig:
     dist_timeout: float = knob(
         1800.0, "seconds a rank waits for the others (gradient all-reduce, barriers; rank 0 alone validates, "
         "checkpoints and reports meanwhile) before the job ends with an error", gt=0)
+    parallel: int = knob(0, "runs of a study at once: 0 = auto (as many as their plans fit on the GPU; one on a "
+                         "CPU); K caps it", ge=0)
+    storage: str = knob("", "database URL queueing a study's runs for `fitdqn worker`; empty = this process")
 
 
 @dataclass(frozen=True)
@@ -364,8 +367,9 @@ class TuneConfig:
                         "postgresql://user@host/db); empty = the SQLite file study.db in tune.dir")
     study: str = knob("fitdqn", "study name in the storage")
     trials: int = knob(20, "trials of the study in all: a re-run continues until this many have finished", ge=1)
-    parallel: int = knob(1, "trials at once, each its own process: CPU threads are split between them; on a GPU "
-                         "each is planned within 1/K of the free memory (per-process memory fraction)", ge=1)
+    parallel: int = knob(0, "trials at once, each its own process: 0 = auto (on a GPU as many as their own plans fit "
+                         "in the free memory, a core each; on a CPU one at a time); K caps it (CPU threads split K "
+                         "ways); on a GPU each trial is capped at its share (per-process memory fraction)", ge=0)
     objective: str = knob("validation_sharpe", "validation metric of the epoch records maximised (the last "
                           "validated epoch's value; per-epoch values drive pruning)")
     sampler: str = knob("tpe", "Optuna sampler: 'tpe' or 'random'", choices=("tpe", "random"))
