@@ -382,6 +382,9 @@ class TuneConfig:
     heartbeat_seconds: int = knob(60, "seconds between heartbeats of running trials in the storage; a trial of a "
                                   "tune process silent for twice this is failed and queued again (0 = off)",
                                   ge=0)
+    keep_replay: bool = knob(False, "a finished trial's checkpoint keeps its replay buffer (to train the trial on "
+                             "with --resume); false: the networks, optimizer and counters that evaluate, act and "
+                             "export need (train.keep_replay = false in every trial)")
 
 
 @dataclass(frozen=True)

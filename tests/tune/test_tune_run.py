@@ -55,6 +55,10 @@ def test_a_three_trial_study_completes(tuned):
         assert load_config(run_dir / "config.toml").learn.lr == pytest.approx(trial.params["learn.lr"])
         assert trial.user_attrs["threads"] == max(cpu_threads(0) // 2, 1)
         assert trial.user_attrs["ooms"] == 0 and trial.user_attrs["samples_per_s"] > 0
+        # a finished trial keeps what evaluate, act and export need, not its replay (tune.keep_replay = false)
+        checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+        assert "replay" not in checkpoint and "learner" in checkpoint
+        assert load_config(run_dir / "config.toml").train.keep_replay is False
 
 
 def test_a_trial_that_raises_is_recorded_as_failed(tuned):

@@ -306,8 +306,9 @@ def write_best_config(base: Config, study: optuna.Study, tune_dir: Path) -> Path
 
 
 def trial_config(base: Config, params: dict[str, Any], run_dir: Path) -> Config:
-    """A trial's config: the base with its params, writing into its own run directory."""
+    """A trial's config: the base with its params, writing into its own run directory; its finished checkpoint
+    keeps the replay only where ``tune.keep_replay`` asks."""
     try:
-        return with_overrides(base, {**params, "train.out": str(run_dir)})
+        return with_overrides(base, {**params, "train.out": str(run_dir), "train.keep_replay": base.tune.keep_replay})
     except ConfigError as error:
         raise UserError(f"params {params} make an invalid config: {error}") from None
