@@ -86,7 +86,7 @@ class Learner:
         self.cast_up_front = [*self.params, *self.target_params] if self.autocast_dtype is not None else []
         cuda = self.device.type == "cuda"
         # a tensor, so a captured update reads the rate the schedule sets between replays (set_lr_progress);
-        # float64 on the CPU, where the fused Adam then steps bit for bit as with a Python float rate
+        # float64 on the CPU, where the one-kernel Adam then steps bit for bit as with a Python float rate
         lr_dtype = torch.float32 if cuda else torch.float64
         self.lr = torch.tensor(self.learn_config.lr, dtype=lr_dtype, device=self.device)  # []
         # (1, w_iqn, w_iql): the loss's weights as a tensor made once (a captured update copies nothing from the host)
