@@ -78,7 +78,7 @@ from fitdqn.plan.trace_cache import (
     trace_key,
     traced_config_fields,
 )
-from fitdqn.resolve import resolve_device
+from fitdqn.resolve import resolve_for_device
 
 if TYPE_CHECKING:
     from fitdqn.system import System
@@ -131,7 +131,7 @@ class PlanInputs:
 def trace_config(config: Config, device: DeviceInfo) -> tuple[Config, str]:
     """The config the trace runs (``config`` resolved for ``device``) and how it is traced: on a CPU-only PyTorch
     the fake tensors are CPU ones, and a CUDA target's bf16 runs there under CPU autocast, which is said."""
-    config = resolve_device(config, device)
+    config = resolve_for_device(config, device)
     target = torch.device("cuda" if device.kind == "cuda" else "cpu")
     traced, note = fake_device_for(target)
     if device.kind == "cuda" and traced.type == "cpu" and config.learn.precision == "bf16":
@@ -545,7 +545,7 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
 
 
 def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None) -> Plan:
-    config = resolve_device(config, device)
+    config = resolve_for_device(config, device)
     profiles = load_profiles(config.budget.profiles_dir or None)
     profile, profile_note = profile_with_note(profile_name_of(device, profiles), profiles) \
         if device.kind == "cuda" else (match_profile(device.name, profiles), "")
