@@ -27,9 +27,9 @@ from fitdqn.config import Config
 from fitdqn.learn.learner import Learner
 from fitdqn.learn.precision import autocast_dtype
 from fitdqn.market.contract import ContractSpec
-from fitdqn.market.env import GOAL_COLUMN, FuturesEnv, transition_spec
-from fitdqn.market.layout import NUM_FEATURES, WARMUP
-from fitdqn.market.loader import Market, market_tensor_shapes
+from fitdqn.market.env import FuturesEnv
+from fitdqn.market.layout import GOAL_COLUMN, NUM_FEATURES, WARMUP, market_tensor_shapes, transition_spec
+from fitdqn.market.loader import Market
 from fitdqn.market.observation import build_observation
 from fitdqn.market.splits import split_bars
 from fitdqn.memory.component import ComponentName

@@ -23,15 +23,15 @@ from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.errors import UserError
 from fitdqn.evaluate.backtest_graphs import BacktestGraphs
-from fitdqn.files import CHECKPOINT_NAME
+from fitdqn.files import CHECKPOINT_NAME, atomic_write_text
 from fitdqn.learn.schedule import Schedule, updates_owed
-from fitdqn.market.env import env_state_bytes
-from fitdqn.market.loader import Market, load_market, market_bytes
+from fitdqn.market.layout import env_state_bytes, market_bytes
+from fitdqn.market.loader import Market, load_market
 from fitdqn.plan.build import PlanInputs, plan_for_device
 from fitdqn.plan.planner import Plan
 from fitdqn.resolve import resolve_run
 from fitdqn.system import build_system
-from fitdqn.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
+from fitdqn.train.checkpoint import load_checkpoint, save_checkpoint
 from fitdqn.train.distributed import world_size_of
 from fitdqn.train.memory_check import AllocationLedger
 
