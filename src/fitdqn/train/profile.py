@@ -202,7 +202,7 @@ def fill_replay(trainer, needed: int, max_epochs: int = 1000) -> None:
     """Collect until ``needed`` transitions can be sampled (and ``replay.min_fill``)."""
     needed = max(needed, trainer.config.replay.min_fill)
     for _ in range(max_epochs):
-        if int(trainer.replay.sampleable()) >= needed:  # host sync
+        if int(trainer.system.replay.sampleable()) >= needed:  # host sync
             return
         trainer.collect()
     raise UserError(f"the replay did not reach {needed} sampleable transitions: raise collect.num_envs or "
