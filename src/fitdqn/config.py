@@ -92,8 +92,8 @@ class NetConfig:
     """Networks: trunk + attention, branching dueling C51 head, IQN head, IQL value net."""
 
     size: str = knob("small", "network widths: 'small' (widths left at their defaults become config.SMALL_NET's: "
-                     "on the synthetic market they generalise better on a GPU too), 'full' (the widths below); "
-                     "'auto' = 'small' (older config files)", choices=("auto", "full", "small"))
+                     "on the synthetic market they generalise better on a GPU too), 'full' (the widths below)",
+                     choices=("full", "small"))
     window: int = knob(8, "bars per observation: the attention block attends over this many bar tokens", ge=1)
     trunk_hidden: int = knob(512, "first trunk layer width (state -> trunk_hidden -> d_model)", ge=1, le=WIDTH_MAX)
     d_model: int = knob(256, "trunk output width = attention model width", ge=1, le=WIDTH_MAX)
@@ -622,9 +622,8 @@ def for_device(config: Config, device_kind: str) -> Config:
     if config.train.eval_every == 0:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train,
                                                                       eval_every=AUTO_EVAL_EVERY[device_kind]))
-    size = "small" if config.net.size == "auto" else config.net.size
-    net = dataclasses.replace(config.net, size=size)
-    if size == "small":  # widths the user left at their defaults become the small ones
+    net = config.net
+    if net.size == "small":  # widths the user left at their defaults become the small ones
         defaults = NetConfig()
         net = dataclasses.replace(net, **{k: v for k, v in SMALL_NET.items()
                                           if getattr(net, k) == getattr(defaults, k)})
