@@ -527,7 +527,7 @@ def device_overhead_components(config: Config, device: DeviceInfo) -> list[Compo
 
 
 def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None) -> Plan:
-    """The plan: components from the real objects, the batch chosen last (``budget.planner.make_plan``).
+    """The plan: components from the real objects, the batch chosen last (``fitdqn.plan.planner.make_plan``).
 
     The step's lines are fitted at a few hundred to a few thousand samples and are loose elsewhere: the
     step's live peak grows more slowly than its slope far beyond (the staging buffers of reductions over the
