@@ -60,7 +60,7 @@ from fitdqn.nets.qnet import QNetwork
 from fitdqn.ops.casts import casts_once
 from fitdqn.ops.gather import gather_in_place_grad
 
-BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
+UPDATE_BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
 OUTPUT_KEYS = ("loss", "c51_loss", "iqn_loss", "iql_loss", "priorities", "q_mean", "v_mean", "grad_norm")
 
 
@@ -122,7 +122,7 @@ class Learner:
     # ------------------------------------------------------------------ update
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One gradient step. ``batch`` keys: ``BATCH_KEYS`` (docs/DESIGN.md); returns ``OUTPUT_KEYS``. Each
+        """One gradient step. ``batch`` keys: ``UPDATE_BATCH_KEYS`` (docs/DESIGN.md); returns ``OUTPUT_KEYS``. Each
         parameter is cast to the autocast dtype once (``fitdqn.ops.casts``), though the online net runs twice."""
         with casts_once(self.cast_up_front, self.autocast_dtype):
             return self._update(batch)

@@ -23,9 +23,7 @@ import torch
 from torch import nn
 
 from fitdqn.nets.groups import tag
-from fitdqn.ops.iqn import compute_dtype, cosine_embedding, iqn_quantile_head
-
-__all__ = ["IQNHead", "compute_dtype", "cosine_embedding"]
+from fitdqn.ops.iqn import compute_dtype, iqn_quantile_head
 
 
 class IQNHead(nn.Module):
