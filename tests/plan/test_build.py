@@ -202,7 +202,7 @@ def test_refining_an_auto_batch_finds_the_largest_that_fits_and_never_more(monke
         need = flat_above(room, 40_000, start=0.995, over=2**20)
     anchors = []
 
-    def components_at(config, device, inputs, anchor=None):
+    def components_at(config, device, inputs, anchor=None, planning=None):
         anchors.append(anchor)
         per_sample = 60_000 if anchor is None else -(-need(anchor) // anchor)  # lines: loose; anchored: exact
         return [Component("replay", fixed, 0, "test"), Component("batch", 0, per_sample, "test")], 1 << 24
@@ -210,7 +210,7 @@ def test_refining_an_auto_batch_finds_the_largest_that_fits_and_never_more(monke
     monkeypatch.setattr(build, "build_components", components_at)
     profile = match_profile(device.name, load_profiles())
     lines = make_plan(device, profile, config.budget, *components_at(config, device, None))
-    plan = build.refine_auto_batch(config, device, None, profile, lines, build.TRACE_BATCHES)
+    plan = build.refine_auto_batch(config, device, None, profile, lines, build.TRACE_BATCHES, build.Planning())
     assert room == free - fixed - lines.headroom_bytes
     largest = max(b for b in range(lines.batch_size, 2 * lines.batch_size) if need(b) <= room)
     assert need(plan.batch_size) <= room  # it fits

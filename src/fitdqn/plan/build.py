@@ -26,7 +26,7 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -261,6 +261,7 @@ class Tracer:
     cuda_shape: CudaShape
     compute_capability: tuple[int, int] | None
     cache: TraceCache
+    planning: Planning  # what the plan shares among its traces
 
     def key(self, what: str, batch: int, **fields) -> dict:
         return trace_key(what=what, config=traced_config_fields(config_to_dict(self.config)),
@@ -271,60 +272,64 @@ class Tracer:
     def step(self, capacity: int, batch: int, pools: bool = False) -> TraceSummary:
         """The training step traced at one batch; with ``pools`` what a graph pool would reserve for it."""
         key = self.key(UPDATE, batch, capacity=capacity, pools=pools)
-        return _summary(self.cache, key, lambda: TraceSummary.of(self.trace(capacity, UPDATE, batch, pools), pools))
+        return self.planning.summary(self.cache, key,
+                                     lambda: TraceSummary.of(self.trace(capacity, UPDATE, batch, pools), pools))
 
     def collect(self, capacity: int, pools: bool = False) -> TraceSummary:
         """One collector step at ``collect.num_envs`` envs (``step_bytes``: its peak beyond what is allocated
         before it); with ``pools`` what the collector graph's own pool would reserve for it."""
         num_envs = self.config.collect.num_envs
         key = self.key(COLLECT, num_envs, capacity=capacity, pools=pools)
-        return _summary(self.cache, key, lambda: TraceSummary.of(
+        return self.planning.summary(self.cache, key, lambda: TraceSummary.of(
             self.trace(capacity, COLLECT, num_envs, pools), pools))
 
     def network_fixed(self) -> dict[str, int]:
         """``network_fixed_bytes`` of the traced config, from memory, else the disk cache, else counted."""
         key = self.key("networks", 0)
         digest = key_digest(key)
-        if digest not in _NETWORKS:
+        networks = self.planning.networks
+        if digest not in networks:
             stored = self.cache.get_value(key)
             if not (isinstance(stored, dict) and all(isinstance(v, int) for v in stored.values())
                     and set(stored) == set(MEMORY_GROUPS)):
                 stored = network_fixed_bytes(self.config)
                 self.cache.put_value(key, stored)
-            _NETWORKS[digest] = stored
-        return dict(_NETWORKS[digest])
+            networks[digest] = stored
+        return dict(networks[digest])
 
     def trace(self, capacity: int, name: str, batch: int, record_events: bool) -> StepTrace:
         """Step ``name`` at ``batch`` on the stand-in system of this traced config and capacity: the plan's one
-        session of it (``traced_sessions``, built at its first trace), else a session of its own."""
+        session of it (``Planning.traced_sessions``, built at its first trace), else a session of its own."""
         def session() -> TraceSession:
             return TraceSession(make_system_session(self.config, self.num_bars, capacity), self.target,
                                 cuda_shape=self.cuda_shape)
 
-        if _SESSIONS is None:
+        planning = self.planning
+        if planning.sessions is None:
             alone = session()
             try:
                 return alone.trace(name, batch, record_events)
             finally:
                 alone.close()
         digest = key_digest(self.key("session", 0, capacity=capacity))
-        if digest not in _SESSIONS:
-            _SESSIONS[digest] = session()
+        sessions, fits = planning.sessions, planning.fits
+        if digest not in sessions:
+            sessions[digest] = session()
         if name != UPDATE:  # the collector: warm already (``stand_in_system`` ran its steps to fill the replay)
-            return _SESSIONS[digest].trace(name, batch, record_events, warm_up=False)
-        if digest not in _FITS:  # the first update asked of this system: traced with twice its batch, and fitted
-            _FITS[digest], first, failed = fit_update(_SESSIONS[digest], batch)
+            return sessions[digest].trace(name, batch, record_events, warm_up=False)
+        if digest not in fits:  # the first update asked of this system: traced with twice its batch, and fitted
+            fits[digest], first, failed = fit_update(sessions[digest], batch)
             if failed:
-                _NOTES.append(f"the update traced at every batch (not derived from two traces: {failed})")
+                planning.notes.append(f"the update traced at every batch (not derived from two traces: {failed})")
             return first
-        fit = _FITS[digest]
+        fit = fits[digest]
         derived = fit.at(batch) if fit is not None else None
         if derived is not None:
             return derived
         if fit is not None:
-            _NOTES.append(f"the update at batch {batch} traced: a size fitted through batch {fit.batches[0]} and "
-                          f"{fit.batches[1]} is negative there")
-        return _SESSIONS[digest].trace(name, batch, record_events)
+            planning.notes.append(f"the update at batch {batch} traced: a size fitted through batch "
+                                  f"{fit.batches[0]} and {fit.batches[1]} is negative there")
+        return sessions[digest].trace(name, batch, record_events)
 
 
 def fit_update(session: TraceSession, batch: int) -> tuple[TraceFit | None, StepTrace, str]:
@@ -341,52 +346,59 @@ def fit_update(session: TraceSession, batch: int) -> tuple[TraceFit | None, Step
     return fit, first, failed
 
 
-_SUMMARIES: dict[str, TraceSummary] = {}  # this process's traces by key digest: a plan asks for one several times
-_NETWORKS: dict[str, dict[str, int]] = {}  # network_fixed_bytes by traced config digest
-_SESSIONS: dict[str, TraceSession] | None = None  # the open sessions of the plan being made (``traced_sessions``)
-_FITS: dict[str, TraceFit | None] = {}  # the update's fit per open session (None: none holds; ``fit_update``)
-_NOTES: list[str] = []  # what the plan being made says of its traces (``traced_sessions``)
+@dataclass
+class Planning:
+    """What one plan shares among the traces it asks for (:func:`plan_for_device` makes one, or takes its
+    caller's): each traced step's summary and the networks' bytes by key digest (a plan asks for one several
+    times), the trace sessions open while :meth:`traced_sessions` is (one stand-in system per traced config and
+    capacity; None: each trace builds its own), the update's fit per open session (None: none holds;
+    ``fit_update``), and what the plan says of its traces."""
+
+    summaries: dict[str, TraceSummary] = field(default_factory=dict)
+    networks: dict[str, dict[str, int]] = field(default_factory=dict)  # network_fixed_bytes by traced config
+    sessions: dict[str, TraceSession] | None = None
+    fits: dict[str, TraceFit | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def traced_sessions(self) -> Iterator[None]:
+        """Trace sessions shared by everything planned inside (one stand-in system per traced config and capacity,
+        built once), closed on exit."""
+        if self.sessions is not None:  # nested: the outer plan owns them
+            yield
+            return
+        self.sessions = {}
+        try:
+            yield
+        finally:
+            sessions, self.sessions = self.sessions, None
+            self.fits.clear()
+            for session in sessions.values():
+                session.close()
+
+    def summary(self, cache: TraceCache, key: dict, trace) -> TraceSummary:
+        """The summary of one traced step: from memory, else the disk cache, else ``trace()``; the notes its trace
+        made go into the plan's notes whichever way it came."""
+        digest = key_digest(key)
+        summary = self.summaries.get(digest) or cache.get(key)
+        if summary is None:
+            start = len(self.notes)
+            summary = trace()
+            summary = dataclasses.replace(summary, notes=tuple(self.notes[start:]))
+            cache.put(key, summary)
+        else:
+            self.notes.extend(summary.notes)
+        self.summaries[digest] = summary
+        return summary
 
 
-@contextlib.contextmanager
-def traced_sessions() -> Iterator[None]:
-    """Trace sessions shared by everything planned inside (one stand-in system per traced config and capacity,
-    built once), closed on exit."""
-    global _SESSIONS
-    if _SESSIONS is not None:  # nested: the outer plan owns them
-        yield
-        return
-    _SESSIONS = {}
-    try:
-        yield
-    finally:
-        sessions, _SESSIONS = _SESSIONS, None
-        _FITS.clear()
-        for session in sessions.values():
-            session.close()
-
-
-def _summary(cache: TraceCache, key: dict, trace) -> TraceSummary:
-    """The summary of one traced step: from memory, else the disk cache, else ``trace()``; the notes its trace
-    made go into the plan's notes whichever way it came."""
-    digest = key_digest(key)
-    summary = _SUMMARIES.get(digest) or cache.get(key)
-    if summary is None:
-        start = len(_NOTES)
-        summary = trace()
-        summary = dataclasses.replace(summary, notes=tuple(_NOTES[start:]))
-        cache.put(key, summary)
-    else:
-        _NOTES.extend(summary.notes)
-    _SUMMARIES[digest] = summary
-    return summary
-
-
-def tracer_for(config: Config, device: DeviceInfo, traced_config: Config, num_bars: int) -> Tracer:
+def tracer_for(config: Config, device: DeviceInfo, traced_config: Config, num_bars: int,
+               planning: Planning | None = None) -> Tracer:
     target = "cuda" if device.kind == "cuda" else "cpu"
     shape = _cuda_shape(device) if target == "cuda" else CudaShape()
     return Tracer(traced_config, num_bars, target, shape, device.compute_capability,
-                  TraceCache(cache_folder(config.budget.trace_cache_dir)))
+                  TraceCache(cache_folder(config.budget.trace_cache_dir)),
+                  planning if planning is not None else Planning())
 
 
 def cuda_graphs_component(config: Config, device: DeviceInfo, tracer: Tracer, capacity: int, note: str = "",
@@ -422,7 +434,8 @@ def cuda_graphs_component(config: Config, device: DeviceInfo, tracer: Tracer, ca
 
 
 def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anchor: int | None = None,
-                     lines_at: tuple[int, int] = TRACE_BATCHES) -> tuple[list[Component], int]:
+                     lines_at: tuple[int, int] = TRACE_BATCHES, planning: Planning | None = None
+                     ) -> tuple[list[Component], int]:
     """Every consumer, in any order (the planner orders them), and the planned replay capacity.
 
     The step's components are lines through traces at ``lines_at`` (the graph pool's at
@@ -440,7 +453,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
         replay, capacity = replay_component(config, spec, max(device.free_bytes - cuda_own, 0), num_envs)
 
     traced_config, note = trace_config(config, device)
-    tracer = tracer_for(config, device, traced_config, inputs.num_bars)
+    tracer = tracer_for(config, device, traced_config, inputs.num_bars, planning)
     graphs = device.kind == "cuda" and config.train.cuda_graphs
     collect = tracer.collect(capacity, pools=graphs)
     groups = (*MEMORY_GROUPS, ComponentName.REPLAY, ComponentName.HER, OTHER)
@@ -526,7 +539,8 @@ def device_overhead_components(config: Config, device: DeviceInfo) -> list[Compo
     return components
 
 
-def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None) -> Plan:
+def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None,
+                    planning: Planning | None = None) -> Plan:
     """The plan: components from the real objects, the batch chosen last (``fitdqn.plan.planner.make_plan``).
 
     The step's lines are fitted at a few hundred to a few thousand samples and are loose elsewhere: the
@@ -536,15 +550,16 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
     plan settles on is planned with the step's components in proportion to the step at that batch: a profile or
     user batch is checked there; an auto batch is searched (``refine_auto_batch``). The update is traced at two
     batches and derived at every other (``fit_update``)."""
-    with traced_sessions():  # one stand-in system per traced capacity, built once for every trace below
-        start = len(_NOTES)
-        plan = _plan_for_device(config, device, inputs)
-        notes = tuple(dict.fromkeys(_NOTES[start:]))
-        del _NOTES[start:]
+    planning = planning if planning is not None else Planning()
+    with planning.traced_sessions():  # one stand-in system per traced capacity, built once for every trace below
+        start = len(planning.notes)
+        plan = _plan_for_device(config, device, inputs, planning)
+        notes = tuple(dict.fromkeys(planning.notes[start:]))
+        del planning.notes[start:]
         return dataclasses.replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 
 
-def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None) -> Plan:
+def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None, planning: Planning) -> Plan:
     config = resolve_for_device(config, device)
     profiles = load_profiles(config.budget.profiles_dir or None)
     profile, profile_note = profile_with_note(profile_name_of(device, profiles), profiles) \
@@ -564,21 +579,22 @@ def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | No
         # through them guess the batch; beyond them it is searched by anchored traces (refine_auto_batch) and
         # the traces at TRACE_BATCHES are never needed
         try:
-            components, capacity = build_components(config, device, inputs, lines_at=GRAPH_POOL_BATCHES)
+            components, capacity = build_components(config, device, inputs, lines_at=GRAPH_POOL_BATCHES,
+                                                    planning=planning)
             guess = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
         except (InfeasiblePlan, ReplayTooSmall):
             guess = None  # a small card: the lines at TRACE_BATCHES below decide (and say why, if nothing fits)
         if guess is not None and guess.batch_size > max(GRAPH_POOL_BATCHES):
-            plan = refine_auto_batch(config, device, inputs, profile, guess, GRAPH_POOL_BATCHES)
+            plan = refine_auto_batch(config, device, inputs, profile, guess, GRAPH_POOL_BATCHES, planning)
     if plan is None:
         components = None
         try:
-            components, capacity = build_components(config, device, inputs, anchor)
+            components, capacity = build_components(config, device, inputs, anchor, planning=planning)
             make_plan(device, profile, budget, components, capacity)  # the memory's verdict first
         except (InfeasiblePlan, ReplayTooSmall) as error:  # say what would be enough, not only what is short
             if components is None and device.free_bytes is not None:  # the replay failed before the step was traced
                 components, _ = build_components(config, dataclasses.replace(device, free_bytes=None), inputs,
-                                                 anchor)
+                                                 anchor, planning=planning)
             needed = least_free_bytes(config, device, profile, components) if components is not None else None
             if needed is None:
                 raise
@@ -589,20 +605,22 @@ def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | No
             ) from None
         plan = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
         if plan.batch_source == "auto" and device.free_bytes is not None:
-            plan = refine_auto_batch(config, device, inputs, profile, plan, TRACE_BATCHES)
+            plan = refine_auto_batch(config, device, inputs, profile, plan, TRACE_BATCHES, planning)
     if plan.batch_source != "auto" and device.free_bytes is not None and device.kind == "cuda":
-        plan = dataclasses.replace(plan, max_fitting_batch=largest_fitting_batch(config, device, inputs, plan))
+        largest = largest_fitting_batch(config, device, inputs, plan, planning)
+        plan = dataclasses.replace(plan, max_fitting_batch=largest)
     notes = tuple(note for note in (device.described_from, profile_note) if note)
     return dataclasses.replace(plan, notes=(*notes, *plan.notes)) if notes else plan
 
 
-def largest_fitting_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, plan: Plan) -> int | None:
+def largest_fitting_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, plan: Plan,
+                          planning: Planning) -> int | None:
     """The largest batch that fits, as an auto batch finds it (``refine_auto_batch``), whatever batch ``plan`` was
     asked for: one answer on a card, where lines anchored at the asked batch extrapolate from there (at a profile
     batch of a few thousand they gave a third of the batch that fits). Never below the batch ``plan`` checked."""
     auto = dataclasses.replace(config, budget=dataclasses.replace(config.budget, batch_size=0))
     try:
-        searched = _plan_for_device(auto, device, inputs).max_fitting_batch
+        searched = _plan_for_device(auto, device, inputs, planning).max_fitting_batch
     except (InfeasiblePlan, ReplayTooSmall):  # the asked batch was checked; the search found none: keep the lines'
         return plan.max_fitting_batch
     return max(searched, plan.batch_size) if searched is not None else plan.max_fitting_batch
@@ -673,7 +691,7 @@ AUTO_REFINE_CONVERGED = 0.01  # stop when the next anchor would move the batch b
 
 
 def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, profile, plan: Plan,
-                      lines_at: tuple[int, int]) -> Plan:
+                      lines_at: tuple[int, int], planning: Planning) -> Plan:
     """The largest auto batch whose traced need fits, by re-anchoring the step's lines at the candidate.
 
     Round k plans with components in proportion to a trace at ``B_k``, exact at ``B_k``: the plan's batch
@@ -686,7 +704,7 @@ def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, pr
     note says so."""
     anchor, fitted, search = plan.batch_size, None, BatchSearch(AUTO_REFINE_CONVERGED)
     for _ in range(AUTO_REFINE_ROUNDS):
-        components, capacity = build_components(config, device, inputs, anchor)
+        components, capacity = build_components(config, device, inputs, anchor, planning=planning)
         candidate = make_plan(device, profile, config.budget, components, capacity,
                               sampleable_capacity(config, capacity))
         fits = candidate.max_fitting_batch is not None and candidate.max_fitting_batch >= anchor
