@@ -6,7 +6,7 @@
   (``Learner.act`` on ``collect.num_envs`` observations + ``env.step``), traced on fake tensors.
 - ``cuda_overhead``: cuBLAS/cuBLASLt workspaces per stream (``fitdqn.memory.overhead``).
 - ``dqn``, ``attention``, ``iqn``, ``iql``: parameters (+ target copy) + gradients + Adam moments counted from
-  the real modules' shapes and dtypes, plus each group's share of the traced training step.
+  the traced stand-in system's own learner (shapes and dtypes), plus each group's share of the traced training step.
 - ``batch``: what the traced step allocates outside the four network groups (the sampled batch, the
   observations built from it, loss and optimizer temporaries) minus the replay's own sampling scratch.
 - ``cuda_graphs``: on CUDA with ``train.cuda_graphs``, the captured update's private pool reserves more than
@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fitdqn.config import (
     SYNTHETIC_DATA,
@@ -47,7 +46,7 @@ from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile
 from fitdqn.device.sizes import format_bytes
 from fitdqn.learn.schedule import Schedule
 from fitdqn.market.env import derives_target
-from fitdqn.market.layout import STATE_DIM, env_state_bytes, market_bytes, transition_spec
+from fitdqn.market.layout import env_state_bytes, market_bytes, transition_spec
 from fitdqn.memory.allocator_model import (
     expandable_segments_enabled,
     pool_line,
@@ -81,6 +80,7 @@ from fitdqn.plan.trace_cache import (
 from fitdqn.resolve import resolve_for_device
 
 if TYPE_CHECKING:
+    from fitdqn.learn.learner import Learner
     from fitdqn.system import System
 
 # The system, the learner and the data pipeline are imported where a trace, a network count or a bar count is
@@ -191,21 +191,30 @@ def make_collect_step(config: Config, num_bars: int, capacity: int):
 UPDATE, COLLECT = "update", "collect"  # the steps a system session traces
 
 
+@dataclass(frozen=True)
+class SystemSteps:
+    """The steps of one stand-in system (a ``TraceSession``'s ``steps``): ``'update'`` at any batch
+    (``System.set_batch_size``) and ``'collect'`` at ``collect.num_envs`` envs; ``system`` is the system itself,
+    whose tensors the plan also counts (``network_bytes``)."""
+
+    config: Config
+    system: System
+
+    def __call__(self, name: str, batch: int) -> StepSetup:
+        system = self.system
+        if name == COLLECT:
+            check_num_envs(self.config, batch)
+            return StepSetup(system.collect_step, system.memory_groups())
+        system.set_batch_size(batch)
+        return StepSetup(system.update_step, system.memory_groups(), system.memory_calls())
+
+
 def make_system_session(config: Config, num_bars: int, capacity: int):
-    """Both steps of one stand-in system (``TraceSession``): ``'update'`` at any batch (``System.set_batch_size``)
-    and ``'collect'`` at ``collect.num_envs`` envs, built once on the session's fake device."""
+    """Both steps of one stand-in system (``TraceSession``, :class:`SystemSteps`), built once on the session's
+    fake device."""
 
-    def make_session(device: torch.device):
-        system = stand_in_system(config, num_bars, capacity, config.budget.min_batch, device)
-
-        def steps(name: str, batch: int) -> StepSetup:
-            if name == COLLECT:
-                check_num_envs(config, batch)
-                return StepSetup(system.collect_step, system.memory_groups())
-            system.set_batch_size(batch)
-            return StepSetup(system.update_step, system.memory_groups(), system.memory_calls())
-
-        return steps
+    def make_session(device: torch.device) -> SystemSteps:
+        return SystemSteps(config, stand_in_system(config, num_bars, capacity, config.budget.min_batch, device))
 
     return make_session
 
@@ -216,32 +225,23 @@ def check_num_envs(config: Config, num_envs: int) -> None:
                          f"not {num_envs}")
 
 
-def network_fixed_bytes(config: Config) -> dict[str, int]:
-    """Per group: what the learner holds for good — parameters (+ target copy), gradients and Adam state —
-    counted from the tensors of a real ``Learner`` built on fake tensors (shapes and dtypes, no memory)."""
-    from fitdqn.learn.learner import Learner
-
-    with FakeTensorMode():
-        learner = Learner(config, STATE_DIM, torch.device("cpu"))
-        targets = parameter_groups(learner.target)
-        fixed = {}
-        for name, group in parameter_groups(learner).items():
-            params = list(group.parameters())
-            held = [*params, *targets[name].parameters(), *(p.grad for p in params if p.grad is not None),
-                    *(t for p in params for t in learner.optimizer.state.get(p, {}).values()
-                      if isinstance(t, torch.Tensor))]
-            fixed[name] = sum(tensor_bytes(t.shape, t.dtype) for t in held)
-    return fixed
+GRADIENTS = "gradients"  # network_bytes' entry beside the groups: every trainable parameter's gradient
 
 
-def gradient_bytes(config: Config) -> int:
-    """Bytes of the gradients of every trainable parameter (what one all-reduce of a data-parallel update moves),
-    from a real ``Learner`` on fake tensors."""
-    from fitdqn.learn.learner import Learner
-
-    with FakeTensorMode():
-        learner = Learner(config, STATE_DIM, torch.device("cpu"))
-        return sum(tensor_bytes(p.shape, p.dtype) for p in learner.params)
+def network_bytes(learner: Learner) -> dict[str, int]:
+    """Per memory group, what ``learner`` holds for good — parameters (+ target copy), gradients and Adam state —
+    and under ``GRADIENTS`` the bytes of all its gradients (what one all-reduce of a data-parallel update moves),
+    counted from its tensors' shapes and dtypes (fake tensors: the stand-in system's learner)."""
+    targets = parameter_groups(learner.target)
+    counted = {}
+    for name, group in parameter_groups(learner).items():
+        params = list(group.parameters())
+        held = [*params, *targets[name].parameters(), *(p.grad for p in params if p.grad is not None),
+                *(t for p in params for t in learner.optimizer.state.get(p, {}).values()
+                  if isinstance(t, torch.Tensor))]
+        counted[name] = sum(tensor_bytes(t.shape, t.dtype) for t in held)
+    counted[GRADIENTS] = sum(tensor_bytes(p.shape, p.dtype) for p in learner.params)
+    return counted
 
 
 def _cuda_shape(device: DeviceInfo) -> CudaShape:
@@ -283,53 +283,71 @@ class Tracer:
         return self.planning.summary(self.cache, key, lambda: TraceSummary.of(
             self.trace(capacity, COLLECT, num_envs, pools), pools))
 
-    def network_fixed(self) -> dict[str, int]:
-        """``network_fixed_bytes`` of the traced config, from memory, else the disk cache, else counted."""
+    def networks(self, capacity: int) -> dict[str, int]:
+        """``network_bytes`` of the stand-in system of this traced config (the plan's session of it at
+        ``capacity``, else one of its own), from memory, else the disk cache, else counted."""
         key = self.key("networks", 0)
         digest = key_digest(key)
         networks = self.planning.networks
         if digest not in networks:
             stored = self.cache.get_value(key)
             if not (isinstance(stored, dict) and all(isinstance(v, int) for v in stored.values())
-                    and set(stored) == set(MEMORY_GROUPS)):
-                stored = network_fixed_bytes(self.config)
+                    and set(stored) == {*MEMORY_GROUPS, GRADIENTS}):
+                with self.session(capacity) as session:
+                    stored = network_bytes(session.build().system.learner)
                 self.cache.put_value(key, stored)
             networks[digest] = stored
         return dict(networks[digest])
 
+    @contextlib.contextmanager
+    def session(self, capacity: int) -> Iterator[TraceSession]:
+        """The trace session of the stand-in system at ``capacity``: the plan's one (``Planning.traced_sessions``,
+        built at its first use), else one of its own, closed on exit."""
+        planning = self.planning
+        if planning.sessions is None:
+            alone = self._new_session(capacity)
+            try:
+                yield alone
+            finally:
+                alone.close()
+            return
+        digest = key_digest(self.key("session", 0, capacity=capacity))
+        if digest not in planning.sessions:
+            planning.sessions[digest] = self._new_session(capacity)
+        yield planning.sessions[digest]
+
+    def _new_session(self, capacity: int) -> TraceSession:
+        return TraceSession(make_system_session(self.config, self.num_bars, capacity), self.target,
+                            cuda_shape=self.cuda_shape)
+
     def trace(self, capacity: int, name: str, batch: int, record_events: bool) -> StepTrace:
         """Step ``name`` at ``batch`` on the stand-in system of this traced config and capacity: the plan's one
         session of it (``Planning.traced_sessions``, built at its first trace), else a session of its own."""
-        def session() -> TraceSession:
-            return TraceSession(make_system_session(self.config, self.num_bars, capacity), self.target,
-                                cuda_shape=self.cuda_shape)
-
-        planning = self.planning
-        if planning.sessions is None:
-            alone = session()
-            try:
+        if self.planning.sessions is None:
+            with self.session(capacity) as alone:
                 return alone.trace(name, batch, record_events)
-            finally:
-                alone.close()
-        digest = key_digest(self.key("session", 0, capacity=capacity))
-        sessions, fits = planning.sessions, planning.fits
-        if digest not in sessions:
-            sessions[digest] = session()
+        with self.session(capacity) as session:
+            return self._shared_trace(session, capacity, name, batch, record_events)
+
+    def _shared_trace(self, session: TraceSession, capacity: int, name: str, batch: int,
+                      record_events: bool) -> StepTrace:
         if name != UPDATE:  # the collector: warm already (``stand_in_system`` ran its steps to fill the replay)
-            return sessions[digest].trace(name, batch, record_events, warm_up=False)
+            return session.trace(name, batch, record_events, warm_up=False)
+        fits, notes = self.planning.fits, self.planning.notes
+        digest = key_digest(self.key("session", 0, capacity=capacity))
         if digest not in fits:  # the first update asked of this system: traced with twice its batch, and fitted
-            fits[digest], first, failed = fit_update(sessions[digest], batch)
+            fits[digest], first, failed = fit_update(session, batch)
             if failed:
-                planning.notes.append(f"the update traced at every batch (not derived from two traces: {failed})")
+                notes.append(f"the update traced at every batch (not derived from two traces: {failed})")
             return first
         fit = fits[digest]
         derived = fit.at(batch) if fit is not None else None
         if derived is not None:
             return derived
         if fit is not None:
-            planning.notes.append(f"the update at batch {batch} traced: a size fitted through batch "
-                                  f"{fit.batches[0]} and {fit.batches[1]} is negative there")
-        return sessions[digest].trace(name, batch, record_events)
+            notes.append(f"the update at batch {batch} traced: a size fitted through batch {fit.batches[0]} and "
+                         f"{fit.batches[1]} is negative there")
+        return session.trace(name, batch, record_events)
 
 
 def fit_update(session: TraceSession, batch: int) -> tuple[TraceFit | None, StepTrace, str]:
@@ -355,7 +373,7 @@ class Planning:
     ``fit_update``), and what the plan says of its traces."""
 
     summaries: dict[str, TraceSummary] = field(default_factory=dict)
-    networks: dict[str, dict[str, int]] = field(default_factory=dict)  # network_fixed_bytes by traced config
+    networks: dict[str, dict[str, int]] = field(default_factory=dict)  # network_bytes by traced config
     sessions: dict[str, TraceSession] | None = None
     fits: dict[str, TraceFit | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -468,7 +486,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
         lines = {name: (0, -(-max(trace.step_by_group.get(name, 0), 0) // anchor)) for name in groups}
         how = f"traced update at batch {anchor}, in proportion"
     how += f" ({note})" if note else ""
-    network_fixed = tracer.network_fixed()
+    networks = tracer.networks(capacity)
     components = [with_traced_step(replay, lines[ComponentName.REPLAY], f"sampling and priorities: {how}")]
     her_text = f"future-goal relabelling: {how}" if config.replay.her else "replay.her = false"
     components.append(with_traced_step(Component(ComponentName.HER, 0, 0, ""), lines[ComponentName.HER], her_text))
@@ -477,12 +495,12 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     for name in MEMORY_GROUPS:
         components.append(Component(
             name,
-            network_fixed[name] + lines[name][0],
+            networks[name] + lines[name][0],
             lines[name][1],
             f"params{' + target' if name != 'iql' else ''} + grads + Adam m,v of the real modules; {how}",
         ))
     if inputs.world_size > 1:  # a rank of a data-parallel job: the all-reduce's buffer and NCCL's own memory
-        components.extend(distributed_components(inputs.world_size, gradient_bytes(config), device.kind))
+        components.extend(distributed_components(inputs.world_size, networks[GRADIENTS], device.kind))
     other_fixed, other_per_sample = lines[OTHER]
     components.append(Component(
         ComponentName.BATCH,
