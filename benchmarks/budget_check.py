@@ -39,10 +39,24 @@ from fitdqn.plan.build import (
     PlanInputs,
     build_components,
     make_train_step,
-    network_fixed_bytes,
+    network_bytes,
     trace_config,
 )
 from fitdqn.provenance import code_commit
+
+
+def learner_network_bytes(config: Config) -> dict[str, int]:
+    """The networks' fixed bytes per memory group (``network_bytes``), of a learner built alone on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fitdqn.learn.learner import Learner
+    from fitdqn.market.layout import STATE_DIM
+    from fitdqn.nets.groups import MEMORY_GROUPS
+
+    with FakeTensorMode():
+        counted = network_bytes(Learner(config, STATE_DIM, torch.device("cpu")))
+    return {name: counted[name] for name in MEMORY_GROUPS}
+
 
 ALLOCATED_BY_STEP = ("replay", "her", "dqn", "attention", "iqn", "iql", "batch", "cuda_overhead")
 STEP_COMPONENTS = ("dqn", "attention", "iqn", "iql", "batch")  # their per-sample parts: the step's bytes
@@ -172,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         by_name = {c.name: c for c in components}
         predicted_total = features_bytes(inputs) + sum(by_name[n].bytes_at(batch) for n in ALLOCATED_BY_STEP)
         predicted_step = sum(by_name[n].bytes_at(batch) for n in STEP_COMPONENTS) - sum(
-            network_fixed_bytes(config).values()) + (by_name["replay"].per_sample_bytes
+            learner_network_bytes(config).values()) + (by_name["replay"].per_sample_bytes
                                                      + by_name["her"].per_sample_bytes) * batch
         rows.append(make_row(batch, predicted_total, predicted_step, run_child(batch, args, capacity)))
         print(f"batch {batch}: {'error' if rows[-1].get('error') else 'measured'} in a fresh process "

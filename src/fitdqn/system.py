@@ -24,7 +24,7 @@ from torch import Tensor
 
 from fitdqn.collect.collector import Collector
 from fitdqn.config import Config
-from fitdqn.learn.learner import Learner
+from fitdqn.learn.learner import GradientSync, Learner
 from fitdqn.learn.precision import autocast_dtype
 from fitdqn.market.contract import ContractSpec
 from fitdqn.market.env import FuturesEnv
@@ -96,13 +96,15 @@ class System:
 
 
 def build_system(config: Config, market: Market, device: torch.device, *, capacity: int, batch_size: int,
-                 epsilon_decay_steps: int, goal_unit: float | None = None, measure: Measure = _unmeasured) -> System:
+                 epsilon_decay_steps: int, goal_unit: float | None = None, measure: Measure = _unmeasured,
+                 gradient_sync: GradientSync | None = None) -> System:
     """The system of a resolved ``config`` on ``device``, built in the module docstring's order, each part under
     ``measure``.
 
     ``market``: bars and tensors (moved to ``device`` here if they are elsewhere); ``capacity``: the planned
     replay capacity; ``goal_unit``: HER's goal scale when it is known without reading the market's tensors
-    (a stand-in market on fake tensors), else derived from the market's training split."""
+    (a stand-in market on fake tensors), else derived from the market's training split; ``gradient_sync``: a
+    data-parallel job's gradient all-reduce (``fitdqn.train.distributed``), built into the learner."""
     sample_generator = torch.Generator(device=device)
     sample_generator.manual_seed(config.train.seed + SAMPLE_SEED_OFFSET)
     act_generator = torch.Generator(device=device)
@@ -132,7 +134,7 @@ def build_system(config: Config, market: Market, device: torch.device, *, capaci
                                           goal_reward=env.goal_reward if config.replay.her else None,
                                           observe=observe, device=device)
     with measure("networks"):
-        learner = Learner(config, env.state_dim, device)
+        learner = Learner(config, env.state_dim, device, gradient_sync)
         learner.set_batch_size(batch_size)
     collector = Collector(env, learner, replay, config.learn, epsilon_decay_steps, act_generator)
     beta = torch.full((), config.replay.beta_start, device=device)

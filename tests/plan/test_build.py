@@ -16,6 +16,19 @@ GIB = 2**30
 REQUIRED = {"replay", "her", "collector", "cuda_overhead", "dqn", "attention", "iqn", "iql"}
 
 
+def learner_network_bytes(config):
+    """``network_bytes`` of a learner built alone on fake tensors: what the plan reads from its stand-in system's."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fitdqn.learn.learner import Learner
+    from fitdqn.market.layout import STATE_DIM
+    from fitdqn.plan.build import network_bytes
+
+    with FakeTensorMode():
+        return network_bytes(Learner(config, STATE_DIM, torch.device("cpu")))
+
+
 def synthetic(**overrides):
     return with_overrides(Config(), {"market.data": "synthetic", **overrides})
 
@@ -109,7 +122,8 @@ def test_cuda_driver_is_the_profiles_driver_bytes_else_the_defaults(tmp_path):
 def test_an_auto_batch_beyond_the_fitted_lines_is_checked_by_a_trace_at_itself():
     from fitdqn.device.profiles import load_profiles, match_profile
     from fitdqn.memory.trace import trace_step_memory
-    from fitdqn.plan.build import PlanInputs, build_components, network_fixed_bytes, trace_config
+    from fitdqn.nets.groups import MEMORY_GROUPS
+    from fitdqn.plan.build import PlanInputs, build_components, trace_config
     from fitdqn.plan.planner import make_plan
 
     device = what_if("NVIDIA H200", 141 * GIB, int(1.7 * GIB))
@@ -133,7 +147,8 @@ def test_an_auto_batch_beyond_the_fitted_lines_is_checked_by_a_trace_at_itself()
     traced, _ = trace_config(config, device)
     step = trace_step_memory(make_train_step(traced, inputs.num_bars, capacity), high, "cuda").step_bytes
     step_names = ("dqn", "attention", "iqn", "iql", "batch")
-    planned = (sum(by_name[n].bytes_at(high) for n in step_names) - sum(network_fixed_bytes(config).values())
+    networks = learner_network_bytes(config)
+    planned = (sum(by_name[n].bytes_at(high) for n in step_names) - sum(networks[n] for n in MEMORY_GROUPS)
                + (by_name["replay"].per_sample_bytes + by_name["her"].per_sample_bytes) * high)
     assert 0 <= planned - step <= len(step_names) * high
 
@@ -202,7 +217,7 @@ def test_refining_an_auto_batch_finds_the_largest_that_fits_and_never_more(monke
         need = flat_above(room, 40_000, start=0.995, over=2**20)
     anchors = []
 
-    def components_at(config, device, inputs, anchor=None):
+    def components_at(config, device, inputs, anchor=None, planning=None):
         anchors.append(anchor)
         per_sample = 60_000 if anchor is None else -(-need(anchor) // anchor)  # lines: loose; anchored: exact
         return [Component("replay", fixed, 0, "test"), Component("batch", 0, per_sample, "test")], 1 << 24
@@ -210,7 +225,7 @@ def test_refining_an_auto_batch_finds_the_largest_that_fits_and_never_more(monke
     monkeypatch.setattr(build, "build_components", components_at)
     profile = match_profile(device.name, load_profiles())
     lines = make_plan(device, profile, config.budget, *components_at(config, device, None))
-    plan = build.refine_auto_batch(config, device, None, profile, lines, build.TRACE_BATCHES)
+    plan = build.refine_auto_batch(config, device, None, profile, lines, build.TRACE_BATCHES, build.Planning())
     assert room == free - fixed - lines.headroom_bytes
     largest = max(b for b in range(lines.batch_size, 2 * lines.batch_size) if need(b) <= room)
     assert need(plan.batch_size) <= room  # it fits
@@ -240,7 +255,7 @@ def test_the_replay_and_her_shares_of_the_step_are_traced_not_typed_in():
 
 
 def test_a_rank_of_a_data_parallel_job_budgets_its_all_reduce_and_nccl_memory():
-    from fitdqn.plan.build import PlanInputs, gradient_bytes
+    from fitdqn.plan.build import GRADIENTS, PlanInputs
 
     device = what_if("NVIDIA H200", 141 * GIB, 100 * GIB)
     config = for_device(synthetic(**{"budget.batch_size": 4096}), device.kind)
@@ -249,7 +264,7 @@ def test_a_rank_of_a_data_parallel_job_budgets_its_all_reduce_and_nccl_memory():
     rank = plan_for_device(config, device, dataclasses.replace(one, world_size=2))
     names = {c.name: c for c in rank.components}
     assert "all_reduce" not in {c.name for c in alone.components}
-    assert names["all_reduce"].fixed_bytes == gradient_bytes(config) > 0  # the learner's real gradients
+    assert names["all_reduce"].fixed_bytes == learner_network_bytes(config)[GRADIENTS] > 0  # the real gradients
     assert names["nccl"].fixed_bytes > 0 and names["nccl"].per_sample_bytes == 0
     assert rank.fixed_bytes > alone.fixed_bytes
 
@@ -284,3 +299,22 @@ def test_a_synthetic_markets_bars_are_counted_without_making_them(bars):
 
     config = synthetic(**{"market.synthetic_bars": bars})
     assert PlanInputs.from_config(config).num_bars == len(bars_from_config(config.market)) == bars
+
+
+def test_the_networks_bytes_are_read_from_the_stand_in_systems_learner(tmp_path):
+    """The plan counts the networks' fixed bytes on the stand-in system it traces (no learner of its own): the
+    same as a learner built alone, per group and for the gradients; with ``Planning``'s sessions open the system
+    is the one the traces use, built once."""
+    from fitdqn.memory.trace import TraceSession
+    from fitdqn.plan.build import Planning, trace_config, tracer_for
+
+    device = what_if("NVIDIA H200", 141 * GIB, 100 * GIB)
+    config = for_device(synthetic(**{"budget.trace_cache_dir": str(tmp_path), "collect.num_envs": 16}), device.kind)
+    traced, _ = trace_config(config, device)
+    planning = Planning()
+    tracer = tracer_for(config, device, traced, 2000, planning)
+    with planning.traced_sessions():
+        counted = tracer.networks(capacity=16 * 64)
+        assert len(planning.sessions) == 1 and all(isinstance(s, TraceSession) for s in planning.sessions.values())
+    assert counted == learner_network_bytes(traced)
+    assert tracer_for(config, device, traced, 2000).networks(16 * 64) == counted  # from the disk cache now

@@ -29,8 +29,7 @@ def small(cache: Path, **overrides) -> Config:
 
 @pytest.fixture
 def count_traces(monkeypatch):
-    """Counts the traces really run (not found in a cache); the process's own memo is emptied first."""
-    monkeypatch.setattr(build, "_SUMMARIES", {})
+    """Counts the traces really run (not found in a cache; each plan keeps its own memo, ``build.Planning``)."""
     calls = []
     original = build.TraceSession.trace
 
@@ -42,10 +41,8 @@ def count_traces(monkeypatch):
     return calls
 
 
-def plan_json(config, device, memo_cleared=True):
-    if memo_cleared:
-        build._SUMMARIES.clear()
-    return build.plan_for_device(config, device).to_json()
+def plan_json(config, device):
+    return build.plan_for_device(config, device).to_json()  # a plan of its own memo: only the disk cache is shared
 
 
 CARD = what_if("NVIDIA GeForce RTX 3050 Laptop GPU", 4 * GIB, GIB)

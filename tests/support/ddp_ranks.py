@@ -60,9 +60,9 @@ class FixedRand:
         return table[self.offset:self.offset + size[0], :size[1]].clone().to(device)
 
 
-def make_learner(seed: int, batch: int, device: str = "cpu") -> Learner:
+def make_learner(seed: int, batch: int, device: str = "cpu", gradient_sync=None) -> Learner:
     torch.manual_seed(seed)
-    learner = Learner(CONFIG, STATE_DIM, device)
+    learner = Learner(CONFIG, STATE_DIM, device, gradient_sync)
     learner.set_batch_size(batch)
     return learner
 
@@ -70,9 +70,9 @@ def make_learner(seed: int, batch: int, device: str = "cpu") -> Learner:
 def parity_rank(rank: int, world: int, port: int, out: str, updates: int, batch: int) -> None:
     """``updates`` updates on this rank's part of fixed combined batches, gradients all-reduced."""
     job = join_job(rank, world, port, timeout_s=60.0)
-    learner = make_learner(seed=1000 * rank, batch=batch * world)  # the ranks start from different weights
-    job.broadcast_learner(learner)  # ... until rank 0's are broadcast
-    learner.gradient_sync = job.gradient_sync(learner.params)
+    # the ranks start from different weights ... until rank 0's are broadcast
+    learner = make_learner(seed=1000 * rank, batch=batch * world, gradient_sync=job.gradient_sync)
+    job.broadcast_learner(learner)
     combined = batches(updates, batch * world)
     torch.rand = FixedRand(rank * batch, batch * world, NET.iqn_quantiles)
     for full in combined:
@@ -86,8 +86,7 @@ def failing_rank(rank: int, world: int, port: int, out: str, mode: str, timeout_
     from fitdqn.train.distributed import DistributedError
 
     job = join_job(rank, world, port, timeout_s=timeout_s)
-    learner = make_learner(seed=0, batch=16 * world)
-    learner.gradient_sync = job.gradient_sync(learner.params)
+    learner = make_learner(seed=0, batch=16 * world, gradient_sync=job.gradient_sync)
     batch = random_batch(CONFIG, STATE_DIM, 16, "cpu", seed=rank)
     learner.update(batch)
     if rank == 1:
@@ -131,10 +130,10 @@ def captured_rank(rank: int, world: int, port: int, out: str, updates: int) -> N
     weights on the same batches; writes both learners' states and the last outputs."""
     job = join_job(rank, world, port, timeout_s=120.0, device="auto")
     assert job.backend == "nccl", job.backend
-    eager, graphed = make_learner(0, 64 * world, "cuda"), make_learner(0, 64 * world, "cuda")
+    # the gradient all-reduce also at one rank: the captured collective
+    eager, graphed = (make_learner(0, 64 * world, "cuda", job.gradient_sync) for _ in range(2))
     for learner in (eager, graphed):
         job.broadcast_learner(learner)
-        learner.gradient_sync = job.gradient_sync(learner.params)  # also at one rank: the captured collective
     combined = [random_batch(CONFIG, STATE_DIM, 64, "cuda", seed=rank * 100 + k) for k in range(updates)]
     step = capture_update(graphed, combined[0])
     outputs = {}

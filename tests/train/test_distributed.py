@@ -137,11 +137,12 @@ def test_components_come_from_the_real_gradients():
 
 def test_gradient_sync_averages(monkeypatch):
     """The all-reduce sums; the sync leaves the mean of the ranks' gradients (here a fake 2-rank sum)."""
-    learner = make_learner(seed=0, batch=32)
+    job = distributed.Distributed(0, 2, 0, "gloo", torch.device("cpu"), 60.0)
+    learner = make_learner(seed=0, batch=32, gradient_sync=job.gradient_sync)  # built into the learner
     for p in learner.params:
         p.grad.fill_(3.0)
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, *a, **k: tensor.mul_(2).add_(4))
-    distributed.Distributed(0, 2, 0, "gloo", torch.device("cpu"), 60.0).gradient_sync(learner.params)()
+    learner.gradient_sync()
     assert all(torch.all(p.grad == 5.0) for p in learner.params)  # (3 + 7) / 2
 
 

@@ -44,7 +44,7 @@ parameter). Adam's state is initialised at construction too, for the same reason
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -63,11 +63,16 @@ from fitdqn.ops.gather import gather_in_place_grad
 UPDATE_BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
 OUTPUT_KEYS = ("loss", "c51_loss", "iqn_loss", "iql_loss", "priorities", "q_mean", "v_mean", "grad_norm")
 
+# data-parallel runs: the learner's parameters (their gradients allocated) -> the call that averages those gradients
+# across ranks (``fitdqn.train.distributed.Distributed.gradient_sync``)
+GradientSync = Callable[[Sequence[torch.Tensor]], Callable[[], None]]
+
 
 class Learner:
     """Online and target Q networks, V(s), one Adam; ``update`` and ``act``."""
 
-    def __init__(self, config: Config, state_dim: int, device: torch.device | str) -> None:
+    def __init__(self, config: Config, state_dim: int, device: torch.device | str,
+                 gradient_sync: GradientSync | None = None) -> None:
         self.config = config
         self.net_config, self.learn_config = config.net, config.learn
         self.device = torch.device(device)
@@ -98,10 +103,10 @@ class Learner:
         self.optimizer = adam(self.params, lr=self.lr, eps=self.learn_config.adam_eps, weight_decay=decay,
                               capturable=cuda, fused=True)
         self.step = torch.zeros((), dtype=torch.int64, device=self.device)  # updates done
-        # data-parallel runs: averages the gradients across ranks, between backward and the clip/step (set by
-        # the trainer from fitdqn.train.distributed; captured with the update on CUDA); None: one process
-        self.gradient_sync: Callable[[], None] | None = None
         self._init_grads_and_optimizer()
+        # data-parallel runs: averages the gradients across ranks, between backward and the clip/step (built on
+        # the gradients just allocated; captured with the update on CUDA); None: one process
+        self.gradient_sync = gradient_sync(self.params) if gradient_sync is not None else None
         self.set_batch_size(self.learn_config.base_batch)
 
     def set_batch_size(self, batch_size: int) -> None:

@@ -215,6 +215,14 @@ class TraceSession:
             return _measured_step(setup, batch_size, self.target, self.traced, self.note, warmup, self.tracker,
                                   record_events, ledger)
 
+    def build(self) -> SessionSteps:
+        """``make_session``'s steps, the system built on the fake device at the first call (inside the session's
+        modes, like every trace)."""
+        if self._steps is None:
+            with self._modes():
+                self._steps = self.make_session(self.traced)
+        return self._steps
+
     def close(self) -> None:
         """Stop listening for the fake storages' deaths (they may outlive the tracker)."""
         self.tracker.detach_finalizers()

@@ -6,7 +6,7 @@
   (``Learner.act`` on ``collect.num_envs`` observations + ``env.step``), traced on fake tensors.
 - ``cuda_overhead``: cuBLAS/cuBLASLt workspaces per stream (``fitdqn.memory.overhead``).
 - ``dqn``, ``attention``, ``iqn``, ``iql``: parameters (+ target copy) + gradients + Adam moments counted from
-  the real modules' shapes and dtypes, plus each group's share of the traced training step.
+  the traced stand-in system's own learner (shapes and dtypes), plus each group's share of the traced training step.
 - ``batch``: what the traced step allocates outside the four network groups (the sampled batch, the
   observations built from it, loss and optimizer temporaries) minus the replay's own sampling scratch.
 - ``cuda_graphs``: on CUDA with ``train.cuda_graphs``, the captured update's private pool reserves more than
@@ -26,11 +26,10 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fitdqn.config import (
     SYNTHETIC_DATA,
@@ -47,7 +46,7 @@ from fitdqn.device.profiles import DEFAULT_PROFILE, load_profiles, match_profile
 from fitdqn.device.sizes import format_bytes
 from fitdqn.learn.schedule import Schedule
 from fitdqn.market.env import derives_target
-from fitdqn.market.layout import STATE_DIM, env_state_bytes, market_bytes, transition_spec
+from fitdqn.market.layout import env_state_bytes, market_bytes, transition_spec
 from fitdqn.memory.allocator_model import (
     expandable_segments_enabled,
     pool_line,
@@ -81,6 +80,7 @@ from fitdqn.plan.trace_cache import (
 from fitdqn.resolve import resolve_for_device
 
 if TYPE_CHECKING:
+    from fitdqn.learn.learner import Learner
     from fitdqn.system import System
 
 # The system, the learner and the data pipeline are imported where a trace, a network count or a bar count is
@@ -191,21 +191,30 @@ def make_collect_step(config: Config, num_bars: int, capacity: int):
 UPDATE, COLLECT = "update", "collect"  # the steps a system session traces
 
 
+@dataclass(frozen=True)
+class SystemSteps:
+    """The steps of one stand-in system (a ``TraceSession``'s ``steps``): ``'update'`` at any batch
+    (``System.set_batch_size``) and ``'collect'`` at ``collect.num_envs`` envs; ``system`` is the system itself,
+    whose tensors the plan also counts (``network_bytes``)."""
+
+    config: Config
+    system: System
+
+    def __call__(self, name: str, batch: int) -> StepSetup:
+        system = self.system
+        if name == COLLECT:
+            check_num_envs(self.config, batch)
+            return StepSetup(system.collect_step, system.memory_groups())
+        system.set_batch_size(batch)
+        return StepSetup(system.update_step, system.memory_groups(), system.memory_calls())
+
+
 def make_system_session(config: Config, num_bars: int, capacity: int):
-    """Both steps of one stand-in system (``TraceSession``): ``'update'`` at any batch (``System.set_batch_size``)
-    and ``'collect'`` at ``collect.num_envs`` envs, built once on the session's fake device."""
+    """Both steps of one stand-in system (``TraceSession``, :class:`SystemSteps`), built once on the session's
+    fake device."""
 
-    def make_session(device: torch.device):
-        system = stand_in_system(config, num_bars, capacity, config.budget.min_batch, device)
-
-        def steps(name: str, batch: int) -> StepSetup:
-            if name == COLLECT:
-                check_num_envs(config, batch)
-                return StepSetup(system.collect_step, system.memory_groups())
-            system.set_batch_size(batch)
-            return StepSetup(system.update_step, system.memory_groups(), system.memory_calls())
-
-        return steps
+    def make_session(device: torch.device) -> SystemSteps:
+        return SystemSteps(config, stand_in_system(config, num_bars, capacity, config.budget.min_batch, device))
 
     return make_session
 
@@ -216,32 +225,23 @@ def check_num_envs(config: Config, num_envs: int) -> None:
                          f"not {num_envs}")
 
 
-def network_fixed_bytes(config: Config) -> dict[str, int]:
-    """Per group: what the learner holds for good — parameters (+ target copy), gradients and Adam state —
-    counted from the tensors of a real ``Learner`` built on fake tensors (shapes and dtypes, no memory)."""
-    from fitdqn.learn.learner import Learner
-
-    with FakeTensorMode():
-        learner = Learner(config, STATE_DIM, torch.device("cpu"))
-        targets = parameter_groups(learner.target)
-        fixed = {}
-        for name, group in parameter_groups(learner).items():
-            params = list(group.parameters())
-            held = [*params, *targets[name].parameters(), *(p.grad for p in params if p.grad is not None),
-                    *(t for p in params for t in learner.optimizer.state.get(p, {}).values()
-                      if isinstance(t, torch.Tensor))]
-            fixed[name] = sum(tensor_bytes(t.shape, t.dtype) for t in held)
-    return fixed
+GRADIENTS = "gradients"  # network_bytes' entry beside the groups: every trainable parameter's gradient
 
 
-def gradient_bytes(config: Config) -> int:
-    """Bytes of the gradients of every trainable parameter (what one all-reduce of a data-parallel update moves),
-    from a real ``Learner`` on fake tensors."""
-    from fitdqn.learn.learner import Learner
-
-    with FakeTensorMode():
-        learner = Learner(config, STATE_DIM, torch.device("cpu"))
-        return sum(tensor_bytes(p.shape, p.dtype) for p in learner.params)
+def network_bytes(learner: Learner) -> dict[str, int]:
+    """Per memory group, what ``learner`` holds for good — parameters (+ target copy), gradients and Adam state —
+    and under ``GRADIENTS`` the bytes of all its gradients (what one all-reduce of a data-parallel update moves),
+    counted from its tensors' shapes and dtypes (fake tensors: the stand-in system's learner)."""
+    targets = parameter_groups(learner.target)
+    counted = {}
+    for name, group in parameter_groups(learner).items():
+        params = list(group.parameters())
+        held = [*params, *targets[name].parameters(), *(p.grad for p in params if p.grad is not None),
+                *(t for p in params for t in learner.optimizer.state.get(p, {}).values()
+                  if isinstance(t, torch.Tensor))]
+        counted[name] = sum(tensor_bytes(t.shape, t.dtype) for t in held)
+    counted[GRADIENTS] = sum(tensor_bytes(p.shape, p.dtype) for p in learner.params)
+    return counted
 
 
 def _cuda_shape(device: DeviceInfo) -> CudaShape:
@@ -261,6 +261,7 @@ class Tracer:
     cuda_shape: CudaShape
     compute_capability: tuple[int, int] | None
     cache: TraceCache
+    planning: Planning  # what the plan shares among its traces
 
     def key(self, what: str, batch: int, **fields) -> dict:
         return trace_key(what=what, config=traced_config_fields(config_to_dict(self.config)),
@@ -271,60 +272,82 @@ class Tracer:
     def step(self, capacity: int, batch: int, pools: bool = False) -> TraceSummary:
         """The training step traced at one batch; with ``pools`` what a graph pool would reserve for it."""
         key = self.key(UPDATE, batch, capacity=capacity, pools=pools)
-        return _summary(self.cache, key, lambda: TraceSummary.of(self.trace(capacity, UPDATE, batch, pools), pools))
+        return self.planning.summary(self.cache, key,
+                                     lambda: TraceSummary.of(self.trace(capacity, UPDATE, batch, pools), pools))
 
     def collect(self, capacity: int, pools: bool = False) -> TraceSummary:
         """One collector step at ``collect.num_envs`` envs (``step_bytes``: its peak beyond what is allocated
         before it); with ``pools`` what the collector graph's own pool would reserve for it."""
         num_envs = self.config.collect.num_envs
         key = self.key(COLLECT, num_envs, capacity=capacity, pools=pools)
-        return _summary(self.cache, key, lambda: TraceSummary.of(
+        return self.planning.summary(self.cache, key, lambda: TraceSummary.of(
             self.trace(capacity, COLLECT, num_envs, pools), pools))
 
-    def network_fixed(self) -> dict[str, int]:
-        """``network_fixed_bytes`` of the traced config, from memory, else the disk cache, else counted."""
+    def networks(self, capacity: int) -> dict[str, int]:
+        """``network_bytes`` of the stand-in system of this traced config (the plan's session of it at
+        ``capacity``, else one of its own), from memory, else the disk cache, else counted."""
         key = self.key("networks", 0)
         digest = key_digest(key)
-        if digest not in _NETWORKS:
+        networks = self.planning.networks
+        if digest not in networks:
             stored = self.cache.get_value(key)
             if not (isinstance(stored, dict) and all(isinstance(v, int) for v in stored.values())
-                    and set(stored) == set(MEMORY_GROUPS)):
-                stored = network_fixed_bytes(self.config)
+                    and set(stored) == {*MEMORY_GROUPS, GRADIENTS}):
+                with self.session(capacity) as session:
+                    stored = network_bytes(session.build().system.learner)
                 self.cache.put_value(key, stored)
-            _NETWORKS[digest] = stored
-        return dict(_NETWORKS[digest])
+            networks[digest] = stored
+        return dict(networks[digest])
+
+    @contextlib.contextmanager
+    def session(self, capacity: int) -> Iterator[TraceSession]:
+        """The trace session of the stand-in system at ``capacity``: the plan's one (``Planning.traced_sessions``,
+        built at its first use), else one of its own, closed on exit."""
+        planning = self.planning
+        if planning.sessions is None:
+            alone = self._new_session(capacity)
+            try:
+                yield alone
+            finally:
+                alone.close()
+            return
+        digest = key_digest(self.key("session", 0, capacity=capacity))
+        if digest not in planning.sessions:
+            planning.sessions[digest] = self._new_session(capacity)
+        yield planning.sessions[digest]
+
+    def _new_session(self, capacity: int) -> TraceSession:
+        return TraceSession(make_system_session(self.config, self.num_bars, capacity), self.target,
+                            cuda_shape=self.cuda_shape)
 
     def trace(self, capacity: int, name: str, batch: int, record_events: bool) -> StepTrace:
         """Step ``name`` at ``batch`` on the stand-in system of this traced config and capacity: the plan's one
-        session of it (``traced_sessions``, built at its first trace), else a session of its own."""
-        def session() -> TraceSession:
-            return TraceSession(make_system_session(self.config, self.num_bars, capacity), self.target,
-                                cuda_shape=self.cuda_shape)
-
-        if _SESSIONS is None:
-            alone = session()
-            try:
+        session of it (``Planning.traced_sessions``, built at its first trace), else a session of its own."""
+        if self.planning.sessions is None:
+            with self.session(capacity) as alone:
                 return alone.trace(name, batch, record_events)
-            finally:
-                alone.close()
-        digest = key_digest(self.key("session", 0, capacity=capacity))
-        if digest not in _SESSIONS:
-            _SESSIONS[digest] = session()
+        with self.session(capacity) as session:
+            return self._shared_trace(session, capacity, name, batch, record_events)
+
+    def _shared_trace(self, session: TraceSession, capacity: int, name: str, batch: int,
+                      record_events: bool) -> StepTrace:
         if name != UPDATE:  # the collector: warm already (``stand_in_system`` ran its steps to fill the replay)
-            return _SESSIONS[digest].trace(name, batch, record_events, warm_up=False)
-        if digest not in _FITS:  # the first update asked of this system: traced with twice its batch, and fitted
-            _FITS[digest], first, failed = fit_update(_SESSIONS[digest], batch)
+            return session.trace(name, batch, record_events, warm_up=False)
+        fits, notes = self.planning.fits, self.planning.notes
+        digest = key_digest(self.key("session", 0, capacity=capacity))
+        if digest not in fits:  # the first update asked of this system: traced with twice its batch, and fitted
+            fits[digest], first, failed = fit_update(session, batch)
             if failed:
-                _NOTES.append(f"the update traced at every batch (not derived from two traces: {failed})")
+                notes.append(f"the update traced at every batch (not derived from two traces: {failed})")
             return first
-        fit = _FITS[digest]
+        fit = fits[digest]
         derived = fit.at(batch) if fit is not None else None
         if derived is not None:
             return derived
         if fit is not None:
-            _NOTES.append(f"the update at batch {batch} traced: a size fitted through batch {fit.batches[0]} and "
-                          f"{fit.batches[1]} is negative there")
-        return _SESSIONS[digest].trace(name, batch, record_events)
+            notes.append(f"the update at batch {batch} traced: a size fitted through batch {fit.batches[0]} and "
+                         f"{fit.batches[1]} is negative there")
+        return session.trace(name, batch, record_events)
 
 
 def fit_update(session: TraceSession, batch: int) -> tuple[TraceFit | None, StepTrace, str]:
@@ -341,52 +364,59 @@ def fit_update(session: TraceSession, batch: int) -> tuple[TraceFit | None, Step
     return fit, first, failed
 
 
-_SUMMARIES: dict[str, TraceSummary] = {}  # this process's traces by key digest: a plan asks for one several times
-_NETWORKS: dict[str, dict[str, int]] = {}  # network_fixed_bytes by traced config digest
-_SESSIONS: dict[str, TraceSession] | None = None  # the open sessions of the plan being made (``traced_sessions``)
-_FITS: dict[str, TraceFit | None] = {}  # the update's fit per open session (None: none holds; ``fit_update``)
-_NOTES: list[str] = []  # what the plan being made says of its traces (``traced_sessions``)
+@dataclass
+class Planning:
+    """What one plan shares among the traces it asks for (:func:`plan_for_device` makes one, or takes its
+    caller's): each traced step's summary and the networks' bytes by key digest (a plan asks for one several
+    times), the trace sessions open while :meth:`traced_sessions` is (one stand-in system per traced config and
+    capacity; None: each trace builds its own), the update's fit per open session (None: none holds;
+    ``fit_update``), and what the plan says of its traces."""
+
+    summaries: dict[str, TraceSummary] = field(default_factory=dict)
+    networks: dict[str, dict[str, int]] = field(default_factory=dict)  # network_bytes by traced config
+    sessions: dict[str, TraceSession] | None = None
+    fits: dict[str, TraceFit | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def traced_sessions(self) -> Iterator[None]:
+        """Trace sessions shared by everything planned inside (one stand-in system per traced config and capacity,
+        built once), closed on exit."""
+        if self.sessions is not None:  # nested: the outer plan owns them
+            yield
+            return
+        self.sessions = {}
+        try:
+            yield
+        finally:
+            sessions, self.sessions = self.sessions, None
+            self.fits.clear()
+            for session in sessions.values():
+                session.close()
+
+    def summary(self, cache: TraceCache, key: dict, trace) -> TraceSummary:
+        """The summary of one traced step: from memory, else the disk cache, else ``trace()``; the notes its trace
+        made go into the plan's notes whichever way it came."""
+        digest = key_digest(key)
+        summary = self.summaries.get(digest) or cache.get(key)
+        if summary is None:
+            start = len(self.notes)
+            summary = trace()
+            summary = dataclasses.replace(summary, notes=tuple(self.notes[start:]))
+            cache.put(key, summary)
+        else:
+            self.notes.extend(summary.notes)
+        self.summaries[digest] = summary
+        return summary
 
 
-@contextlib.contextmanager
-def traced_sessions() -> Iterator[None]:
-    """Trace sessions shared by everything planned inside (one stand-in system per traced config and capacity,
-    built once), closed on exit."""
-    global _SESSIONS
-    if _SESSIONS is not None:  # nested: the outer plan owns them
-        yield
-        return
-    _SESSIONS = {}
-    try:
-        yield
-    finally:
-        sessions, _SESSIONS = _SESSIONS, None
-        _FITS.clear()
-        for session in sessions.values():
-            session.close()
-
-
-def _summary(cache: TraceCache, key: dict, trace) -> TraceSummary:
-    """The summary of one traced step: from memory, else the disk cache, else ``trace()``; the notes its trace
-    made go into the plan's notes whichever way it came."""
-    digest = key_digest(key)
-    summary = _SUMMARIES.get(digest) or cache.get(key)
-    if summary is None:
-        start = len(_NOTES)
-        summary = trace()
-        summary = dataclasses.replace(summary, notes=tuple(_NOTES[start:]))
-        cache.put(key, summary)
-    else:
-        _NOTES.extend(summary.notes)
-    _SUMMARIES[digest] = summary
-    return summary
-
-
-def tracer_for(config: Config, device: DeviceInfo, traced_config: Config, num_bars: int) -> Tracer:
+def tracer_for(config: Config, device: DeviceInfo, traced_config: Config, num_bars: int,
+               planning: Planning | None = None) -> Tracer:
     target = "cuda" if device.kind == "cuda" else "cpu"
     shape = _cuda_shape(device) if target == "cuda" else CudaShape()
     return Tracer(traced_config, num_bars, target, shape, device.compute_capability,
-                  TraceCache(cache_folder(config.budget.trace_cache_dir)))
+                  TraceCache(cache_folder(config.budget.trace_cache_dir)),
+                  planning if planning is not None else Planning())
 
 
 def cuda_graphs_component(config: Config, device: DeviceInfo, tracer: Tracer, capacity: int, note: str = "",
@@ -422,7 +452,8 @@ def cuda_graphs_component(config: Config, device: DeviceInfo, tracer: Tracer, ca
 
 
 def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anchor: int | None = None,
-                     lines_at: tuple[int, int] = TRACE_BATCHES) -> tuple[list[Component], int]:
+                     lines_at: tuple[int, int] = TRACE_BATCHES, planning: Planning | None = None
+                     ) -> tuple[list[Component], int]:
     """Every consumer, in any order (the planner orders them), and the planned replay capacity.
 
     The step's components are lines through traces at ``lines_at`` (the graph pool's at
@@ -440,7 +471,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
         replay, capacity = replay_component(config, spec, max(device.free_bytes - cuda_own, 0), num_envs)
 
     traced_config, note = trace_config(config, device)
-    tracer = tracer_for(config, device, traced_config, inputs.num_bars)
+    tracer = tracer_for(config, device, traced_config, inputs.num_bars, planning)
     graphs = device.kind == "cuda" and config.train.cuda_graphs
     collect = tracer.collect(capacity, pools=graphs)
     groups = (*MEMORY_GROUPS, ComponentName.REPLAY, ComponentName.HER, OTHER)
@@ -455,7 +486,7 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
         lines = {name: (0, -(-max(trace.step_by_group.get(name, 0), 0) // anchor)) for name in groups}
         how = f"traced update at batch {anchor}, in proportion"
     how += f" ({note})" if note else ""
-    network_fixed = tracer.network_fixed()
+    networks = tracer.networks(capacity)
     components = [with_traced_step(replay, lines[ComponentName.REPLAY], f"sampling and priorities: {how}")]
     her_text = f"future-goal relabelling: {how}" if config.replay.her else "replay.her = false"
     components.append(with_traced_step(Component(ComponentName.HER, 0, 0, ""), lines[ComponentName.HER], her_text))
@@ -464,12 +495,12 @@ def build_components(config: Config, device: DeviceInfo, inputs: PlanInputs, anc
     for name in MEMORY_GROUPS:
         components.append(Component(
             name,
-            network_fixed[name] + lines[name][0],
+            networks[name] + lines[name][0],
             lines[name][1],
             f"params{' + target' if name != 'iql' else ''} + grads + Adam m,v of the real modules; {how}",
         ))
     if inputs.world_size > 1:  # a rank of a data-parallel job: the all-reduce's buffer and NCCL's own memory
-        components.extend(distributed_components(inputs.world_size, gradient_bytes(config), device.kind))
+        components.extend(distributed_components(inputs.world_size, networks[GRADIENTS], device.kind))
     other_fixed, other_per_sample = lines[OTHER]
     components.append(Component(
         ComponentName.BATCH,
@@ -526,7 +557,8 @@ def device_overhead_components(config: Config, device: DeviceInfo) -> list[Compo
     return components
 
 
-def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None) -> Plan:
+def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None,
+                    planning: Planning | None = None) -> Plan:
     """The plan: components from the real objects, the batch chosen last (``fitdqn.plan.planner.make_plan``).
 
     The step's lines are fitted at a few hundred to a few thousand samples and are loose elsewhere: the
@@ -536,15 +568,16 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
     plan settles on is planned with the step's components in proportion to the step at that batch: a profile or
     user batch is checked there; an auto batch is searched (``refine_auto_batch``). The update is traced at two
     batches and derived at every other (``fit_update``)."""
-    with traced_sessions():  # one stand-in system per traced capacity, built once for every trace below
-        start = len(_NOTES)
-        plan = _plan_for_device(config, device, inputs)
-        notes = tuple(dict.fromkeys(_NOTES[start:]))
-        del _NOTES[start:]
+    planning = planning if planning is not None else Planning()
+    with planning.traced_sessions():  # one stand-in system per traced capacity, built once for every trace below
+        start = len(planning.notes)
+        plan = _plan_for_device(config, device, inputs, planning)
+        notes = tuple(dict.fromkeys(planning.notes[start:]))
+        del planning.notes[start:]
         return dataclasses.replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 
 
-def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None) -> Plan:
+def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None, planning: Planning) -> Plan:
     config = resolve_for_device(config, device)
     profiles = load_profiles(config.budget.profiles_dir or None)
     profile, profile_note = profile_with_note(profile_name_of(device, profiles), profiles) \
@@ -564,21 +597,22 @@ def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | No
         # through them guess the batch; beyond them it is searched by anchored traces (refine_auto_batch) and
         # the traces at TRACE_BATCHES are never needed
         try:
-            components, capacity = build_components(config, device, inputs, lines_at=GRAPH_POOL_BATCHES)
+            components, capacity = build_components(config, device, inputs, lines_at=GRAPH_POOL_BATCHES,
+                                                    planning=planning)
             guess = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
         except (InfeasiblePlan, ReplayTooSmall):
             guess = None  # a small card: the lines at TRACE_BATCHES below decide (and say why, if nothing fits)
         if guess is not None and guess.batch_size > max(GRAPH_POOL_BATCHES):
-            plan = refine_auto_batch(config, device, inputs, profile, guess, GRAPH_POOL_BATCHES)
+            plan = refine_auto_batch(config, device, inputs, profile, guess, GRAPH_POOL_BATCHES, planning)
     if plan is None:
         components = None
         try:
-            components, capacity = build_components(config, device, inputs, anchor)
+            components, capacity = build_components(config, device, inputs, anchor, planning=planning)
             make_plan(device, profile, budget, components, capacity)  # the memory's verdict first
         except (InfeasiblePlan, ReplayTooSmall) as error:  # say what would be enough, not only what is short
             if components is None and device.free_bytes is not None:  # the replay failed before the step was traced
                 components, _ = build_components(config, dataclasses.replace(device, free_bytes=None), inputs,
-                                                 anchor)
+                                                 anchor, planning=planning)
             needed = least_free_bytes(config, device, profile, components) if components is not None else None
             if needed is None:
                 raise
@@ -589,20 +623,22 @@ def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | No
             ) from None
         plan = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
         if plan.batch_source == "auto" and device.free_bytes is not None:
-            plan = refine_auto_batch(config, device, inputs, profile, plan, TRACE_BATCHES)
+            plan = refine_auto_batch(config, device, inputs, profile, plan, TRACE_BATCHES, planning)
     if plan.batch_source != "auto" and device.free_bytes is not None and device.kind == "cuda":
-        plan = dataclasses.replace(plan, max_fitting_batch=largest_fitting_batch(config, device, inputs, plan))
+        largest = largest_fitting_batch(config, device, inputs, plan, planning)
+        plan = dataclasses.replace(plan, max_fitting_batch=largest)
     notes = tuple(note for note in (device.described_from, profile_note) if note)
     return dataclasses.replace(plan, notes=(*notes, *plan.notes)) if notes else plan
 
 
-def largest_fitting_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, plan: Plan) -> int | None:
+def largest_fitting_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, plan: Plan,
+                          planning: Planning) -> int | None:
     """The largest batch that fits, as an auto batch finds it (``refine_auto_batch``), whatever batch ``plan`` was
     asked for: one answer on a card, where lines anchored at the asked batch extrapolate from there (at a profile
     batch of a few thousand they gave a third of the batch that fits). Never below the batch ``plan`` checked."""
     auto = dataclasses.replace(config, budget=dataclasses.replace(config.budget, batch_size=0))
     try:
-        searched = _plan_for_device(auto, device, inputs).max_fitting_batch
+        searched = _plan_for_device(auto, device, inputs, planning).max_fitting_batch
     except (InfeasiblePlan, ReplayTooSmall):  # the asked batch was checked; the search found none: keep the lines'
         return plan.max_fitting_batch
     return max(searched, plan.batch_size) if searched is not None else plan.max_fitting_batch
@@ -673,7 +709,7 @@ AUTO_REFINE_CONVERGED = 0.01  # stop when the next anchor would move the batch b
 
 
 def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, profile, plan: Plan,
-                      lines_at: tuple[int, int]) -> Plan:
+                      lines_at: tuple[int, int], planning: Planning) -> Plan:
     """The largest auto batch whose traced need fits, by re-anchoring the step's lines at the candidate.
 
     Round k plans with components in proportion to a trace at ``B_k``, exact at ``B_k``: the plan's batch
@@ -686,7 +722,7 @@ def refine_auto_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, pr
     note says so."""
     anchor, fitted, search = plan.batch_size, None, BatchSearch(AUTO_REFINE_CONVERGED)
     for _ in range(AUTO_REFINE_ROUNDS):
-        components, capacity = build_components(config, device, inputs, anchor)
+        components, capacity = build_components(config, device, inputs, anchor, planning=planning)
         candidate = make_plan(device, profile, config.budget, components, capacity,
                               sampleable_capacity(config, capacity))
         fits = candidate.max_fitting_batch is not None and candidate.max_fitting_batch >= anchor

@@ -160,15 +160,13 @@ class Distributed:
 
     # ------------------------------------------------------------ until the trainer takes these itself
     def attach(self, trainer: Any) -> None:
-        """Join ``trainer`` (built from :meth:`rank_config`) to the job: the agreed batch, the learning rules at
-        the job's batch, rank 0's learner state, the gradient all-reduce."""
+        """Join ``trainer`` (built from :meth:`rank_config`, its learner with this job's :meth:`gradient_sync`) to
+        the job: the agreed batch, the learning rules at the job's batch, rank 0's learner state."""
         batch = self.agree_batch(trainer.batch_size)
         if batch != trainer.batch_size:
             trainer.set_batch_size(batch)
         self.learning_batch(trainer)
         self.broadcast_learner(trainer.system.learner)
-        if self.world_size > 1:
-            trainer.system.learner.gradient_sync = self.gradient_sync(trainer.system.learner.params)
 
     def learning_batch(self, trainer: Any) -> None:
         """One update averages ``world_size x batch`` samples: lr and target rules at that batch."""
@@ -252,6 +250,11 @@ def check_world_size(state: Mapping[str, Any], world_size: int, run_dir: Any) ->
 
 
 _CURRENT: Distributed | None = None
+
+
+def current_job() -> Distributed | None:
+    """The job this process joined (:func:`setup`), or None."""
+    return _CURRENT
 
 
 def setup(train: TrainConfig, environ: Mapping[str, str] | None = None) -> Distributed | None:

@@ -15,7 +15,7 @@ from fitdqn.plan.planner import Plan
 PHASE_COMPONENTS = {  # the system's build phases (``fitdqn.system.build_system``) and what the plan budgets them
     ComponentName.REPLAY: (ComponentName.REPLAY,),
     ComponentName.COLLECTOR: (ComponentName.COLLECTOR,),
-    "networks": NETWORK_COMPONENTS,
+    "networks": (*NETWORK_COMPONENTS, ComponentName.ALL_REDUCE),  # a data-parallel learner's all-reduce buffers
 }
 
 

@@ -32,7 +32,7 @@ from fitdqn.plan.planner import Plan
 from fitdqn.resolve import resolve_run
 from fitdqn.system import build_system
 from fitdqn.train.checkpoint import load_checkpoint, save_checkpoint
-from fitdqn.train.distributed import world_size_of
+from fitdqn.train.distributed import current_job, world_size_of
 from fitdqn.train.memory_check import AllocationLedger
 
 
@@ -91,9 +91,11 @@ class Trainer:
         # one side stream for every graph capture: each stream gets its own cuBLAS workspaces, made first
         self.capture_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         reserve_blas_workspaces(device, (None, self.capture_stream))
+        job = current_job()  # a rank of a data-parallel job: its learner averages the gradients across the ranks
         self.system = build_system(
             config, self.market, device, capacity=self.plan.budgets.replay_capacity, batch_size=self.batch_size,
-            epsilon_decay_steps=self.schedule.epsilon_decay_steps, measure=self.ledger.measure)
+            epsilon_decay_steps=self.schedule.epsilon_decay_steps, measure=self.ledger.measure,
+            gradient_sync=job.gradient_sync if job is not None and job.world_size > 1 else None)
         # the backtests as graph replays, captured into the collector graph's pool (its pages budgeted)
         self.backtests = BacktestGraphs(self.capture_stream, pool=self._collector_pool) if self.graphs_enabled else None
 
