@@ -155,7 +155,7 @@ def test_readme_commands_run(tmp_path, capsys):
     bars.tail(400).to_csv(tmp_path / PLACEHOLDERS["FILE"], index=False)  # a user's file of new bars
     ran: list[list[str]] = []
 
-    def run(argv: list[str]) -> None:
+    def run(argv: list[str]) -> str:
         tiny = TUNE_TINY_ARGS if argv[:1] == ["tune"] and "--report" not in argv else \
             TINY_ARGS if argv[:1] == ["train"] else []
         with contextlib.chdir(tmp_path):
@@ -163,6 +163,7 @@ def test_readme_commands_run(tmp_path, capsys):
         out = capsys.readouterr()
         assert code == 0, f"`fitdqn {' '.join(argv)}` exited {code}: {out.err[-2000:]}"
         ran.append(argv)
+        return out.out
 
     run(["train"])  # the quickstart
     (run_dir,) = (tmp_path / "runs").iterdir()

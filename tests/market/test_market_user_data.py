@@ -3,12 +3,14 @@ the prices, bad bars refused with row/time/column, prices beyond float32, bars w
 
 from __future__ import annotations
 
+import io
 import math
 import re
 
 import numpy as np
 import pandas as pd
 import pytest
+from rich.console import Console
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.errors import UserError
@@ -199,7 +201,7 @@ def test_auto_contract_on_a_file_fits_a_price_of_1_1(tmp_path):
     market = load_market(config.market, window=4)
     assert market.contract.tick_size == pytest.approx(1e-5) and market.contract.multiplier == 1.0
     assert market_contract(config.market) == market.contract  # the one resolution act/export use too
-    assert any(line.startswith("contract: derived: 1 currency units per price point") for line in market.notes)
+    assert any(line.startswith("contract: derived: 1 price units per price point") for line in market.notes)
     with pytest.raises(UserError) as info:  # the ES-like generic spec on a price of 1.1: refused
         load_market(with_overrides(config, {"market.contract": "generic"}).market, window=4)
     message = str(info.value)
@@ -347,8 +349,10 @@ def test_a_csv_without_volume_trains(tmp_path):
         "budget.batch_size": 64, "train.device": "cpu", "train.epochs": 1, "train.eval_every": 1,
         "train.checkpoint_every": 1, "train.eval_seeds": 1, "train.out": str(tmp_path / "run"),
     }
-    report = train(with_overrides(Config(), small), tmp_path / "run")
+    printed = io.StringIO()
+    report = train(with_overrides(Config(), small), tmp_path / "run", console=Console(file=printed, width=200))
     assert report["updates"] > 0 and report["test"]["agent"]["sharpe"] is not None
+    assert "volume features off (no volume column)" in printed.getvalue()  # README's promise
 
 
 def test_a_missing_time_in_a_zoned_or_day_first_file_is_named_as_missing(tmp_path):

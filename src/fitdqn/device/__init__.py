@@ -6,7 +6,7 @@ runs without importing it."""
 from fitdqn.lazy import lazy_names
 
 _HOMES = {
-    "DeviceInfo": "probe", "probe": "probe", "resolve_device": "probe", "what_if": "probe",
+    "DeviceInfo": "probe", "resolve_device": "probe", "what_if": "probe",  # probe(): fitdqn.device.probe.probe
     "Profile": "profiles", "load_profiles": "profiles", "match_profile": "profiles",
     "format_bytes": "sizes", "parse_size": "sizes",
 }

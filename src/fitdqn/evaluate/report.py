@@ -46,6 +46,11 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def percent(fraction: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage (0.034 -> '3.4'), '-' for None."""
+    return "-" if fraction is None else f"{100 * fraction:.{digits}f}"
+
+
 def fmt_ci(ci: dict[str, Any] | None) -> str:
     if not ci or ci.get("low") is None or ci.get("high") is None:
         return "-"
@@ -54,8 +59,8 @@ def fmt_ci(ci: dict[str, Any] | None) -> str:
 
 def contract_line(contract: ContractSpec) -> str:
     c = contract
-    text = (f"{c.name}{f' ({c.description})' if c.description else ''}: {c.multiplier:g} {c.currency} per point "
-            f"per contract, tick {c.tick_size:g}, commission {c.commission:g} {c.currency} per contract per fill, "
+    text = (f"{c.name}{f' ({c.description})' if c.description else ''}: {c.multiplier:g} {c.unit} per point "
+            f"per contract, tick {c.tick_size:g}, commission {c.commission:g} {c.unit} per contract per fill, "
             f"slippage {c.slippage_ticks:g} tick(s) on market and stop fills")
     return text
 
@@ -117,13 +122,13 @@ def difference_lines(agent: dict[str, Any], config: Config, what: str = "agent S
 
 
 def metrics_table(results: dict[str, Any], config: Config) -> list[str]:
-    head = "| policy | return | Sharpe | interval | Sortino | max DD | turnover | trades | win |"
+    head = "| policy | return % | Sharpe | interval | Sortino | max DD % | turnover ct/bar | trades | win % |"
     lines = [head, "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for name in results.get("policies", ("agent",)):
         row = results[name]
-        cells = [fmt(row.get("total_return")), fmt(row.get("sharpe"), 2), fmt_ci(row.get("sharpe_ci")),
-                 fmt(row.get("sortino"), 2), fmt(row.get("max_drawdown")), fmt(row.get("turnover")),
-                 fmt(row.get("trades"), 0), fmt(row.get("win_rate"), 2)]
+        cells = [percent(row.get("total_return")), fmt(row.get("sharpe"), 2), fmt_ci(row.get("sharpe_ci")),
+                 fmt(row.get("sortino"), 2), percent(row.get("max_drawdown")), fmt(row.get("turnover")),
+                 fmt(row.get("trades"), 0), percent(row.get("win_rate"), 0)]
         lines.append(f"| {policy_label(name, config)} | " + " | ".join(cells) + " |")
     lines += difference_lines(results["agent"], config)
     ruined = [n for n in results.get("policies", ()) if results[n].get("ruined_at") is not None]
@@ -138,7 +143,9 @@ def units_line(results: dict[str, Any], config: Config) -> str:
     e = config.evaluate
     return (f"Account: capital {results['capital']:,.0f} {results['currency']}"
             f"{f' (auto: the notional of {config.market.max_contracts} contracts at the split start)' if auto else ''}"
-            f"; P&L in {results['currency']} net of costs; returns per bar on equity; Sharpe annualised at "
+            f"; P&L in {results['currency']} net of costs; return: total over the split, % of capital; max DD: "
+            "largest fall of equity from a peak, % of that peak; turnover: contracts traded per bar; win: % of "
+            f"closed trades with a profit; Sharpe of the per-bar returns on equity, annualised at "
             f"{results['periods_per_year']:g} bars a year; intervals: {100 * e.confidence:g} %, stationary block "
             f"bootstrap, {e.bootstrap_samples} resamples.")
 

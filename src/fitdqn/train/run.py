@@ -302,6 +302,8 @@ def run_epochs(config: Config, run_dir: Path, resume: bool, console: Console, tr
     if job is not None:
         job.attach(trainer)  # the agreed batch, rank 0's learner, the gradient all-reduce
     print_plan(trainer.plan, console, trainer.schedule, trainer.reward_info)
+    for note in trainer.market.notes:  # the contract traded, "volume features off (...)", bars per year
+        console.print(note, highlight=False, markup=False, soft_wrap=True)
     if state is not None:
         trainer.load_state_dict(state)
         if job is not None:
