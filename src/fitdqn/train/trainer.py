@@ -10,6 +10,7 @@ step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,8 @@ class Trainer:
         self.market = market or load_market(config.market, window=config.net.window, device="cpu")
         # every 'auto' settled once (the reward scale from the training split): the run's config keeps them
         config, self.reward_info = resolve_run(config, self.device_info, self.market)  # reward_info: for the report
+        # the CPU threads torch runs with (the CLI sets them from train.threads), so config.toml can repeat the run
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, threads=torch.get_num_threads()))
         self.config = config
         # a rank of a torchrun job budgets its all-reduce and NCCL's memory too
         self.plan_inputs = PlanInputs.from_market(self.market, world_size_of())
