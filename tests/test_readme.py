@@ -83,7 +83,7 @@ def code_spans() -> list[str]:
 
 def test_readme_names_its_commands():
     """What the other tests read is there: a change to README's layout must not leave them checking nothing."""
-    assert ["train"] in COMMANDS and len(table_commands()) >= 7 and len(fenced("python")) >= 1
+    assert ["train"] in COMMANDS and len(table_commands()) >= 7 and len(fenced("python")) >= 2
     assert any(argv[:1] == ["tune"] for argv in COMMANDS) and EXAMPLES
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.pending: dict[str, Any] | None = None  # an epoch whose updates an OOM interrupted
         self.oom_batch_size: int | None = None  # the batch the OOM guard settled on (kept by checkpoints)
+        self.on_update: Callable[[], None] | None = None  # called after each update of an epoch (a progress bar)
 
     # ---------------------------------------------------------------- allocation, in plan order
     def _allocate(self) -> None:
@@ -206,6 +208,8 @@ class Trainer:
                 done = self.train_updates(1)
                 self.pending["updates"] += done
                 self.samples_done += done * self.batch_size  # the budget counts the epochs' updates only
+                if self.on_update is not None:
+                    self.on_update()
         updates = self.pending["updates"]
         self.pending = None
         values = ({key: float(v) / updates for key, v in self.stat_sums.items()}  # host sync
