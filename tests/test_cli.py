@@ -215,7 +215,10 @@ def test_help_all_lists_more_than_help(capsys):
 def test_cpu_threads_rules(tmp_path):
     assert cpu_threads(3, environ={"OMP_NUM_THREADS": "5"}) == 3  # train.threads wins
     assert cpu_threads(0, environ={"OMP_NUM_THREADS": "5"}) == 5  # then OMP_NUM_THREADS
-    assert cpu_threads(0, environ={}, root=tmp_path) == usable_cpus(tmp_path)  # then the usable cores
+    assert cpu_threads(0, environ={}, root=tmp_path, load=0.0) == usable_cpus(tmp_path)  # then the idle cores
+    cores = __import__("os").cpu_count()
+    assert cpu_threads(0, environ={}, root=tmp_path, load=cores + 3.0) == 1  # a busy machine: one thread
+    assert cpu_threads(0, environ={}, root=tmp_path, load=cores - 1.0) == 1  # one core idle: one thread
     assert omp_num_threads({"OMP_NUM_THREADS": "4,2"}) == 4 and omp_num_threads({}) is None
     with pytest.raises(UserError, match="OMP_NUM_THREADS"):
         omp_num_threads({"OMP_NUM_THREADS": "lots"})
