@@ -63,17 +63,21 @@ def example_commands() -> list[str]:
             if line.startswith("# fitdqn ")]
 
 
-def readme_commands() -> list[list[str]]:
-    """Every fitdqn command of README and the examples, in order, once each."""
+def readme_commands() -> tuple[list[list[str]], list[list[str]]]:
+    """Every fitdqn command of README and the examples, in order, once each; and those started by torchrun (each
+    rank runs `fitdqn train`: parsed here, not run)."""
     commands: list[list[str]] = []
+    launched: list[list[str]] = []
     for line in shell_commands() + table_commands() + example_commands():
         argv = fitdqn_argv(line)
         if argv and argv not in commands:
             commands.append(argv)
-    return commands
+            if not line.startswith("fitdqn") and "/fitdqn " not in line:
+                launched.append(argv)
+    return commands, launched
 
 
-COMMANDS = readme_commands()
+COMMANDS, LAUNCHED = readme_commands()
 
 
 def code_spans() -> list[str]:
@@ -84,7 +88,7 @@ def code_spans() -> list[str]:
 def test_readme_names_its_commands():
     """What the other tests read is there: a change to README's layout must not leave them checking nothing."""
     assert ["train"] in COMMANDS and len(table_commands()) >= 7 and len(fenced("python")) >= 2
-    assert any(argv[:1] == ["tune"] for argv in COMMANDS) and EXAMPLES
+    assert any(argv[:1] == ["tune"] for argv in COMMANDS) and EXAMPLES and LAUNCHED
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
@@ -143,7 +147,8 @@ def test_every_example_a_help_or_readme_cites_exists():
 def runs_on_a_cpu(argv: list[str]) -> bool:
     """Commands run here: not those that need GPUs (--gpus, torchrun), that measure a GPU (profile), a study of
     many runs (--seeds/--folds), or `tune` without a search space (it says so and exits)."""
-    return not ({"--gpus", "--seeds", "--folds", "..."} & set(argv)) and argv[:1] != ["profile"] and argv != ["tune"]
+    return not ({"--gpus", "--seeds", "--folds", "..."} & set(argv)) and argv[:1] != ["profile"] and \
+        argv != ["tune"] and argv not in LAUNCHED
 
 
 def test_readme_commands_run(tmp_path, capsys):

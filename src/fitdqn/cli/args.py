@@ -79,7 +79,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, common: tuple[str, ...
     group = parser.add_argument_group("config files")
     group.add_argument("--config", metavar="FILE.toml", help="TOML config file (options given here override it)")
     group.add_argument("--print-config", action=PrintConfig, dest="print_config",
-                       help="print the resolved config (defaults < --config < options) as TOML and exit")
+                       help="print the config as it will run (defaults < --config < options, with what the device "
+                       "settles: net.size's widths, envs, kernels, threads) as TOML and exit")
     group.add_argument("--help-all", action=HelpAll, help="show every config option, by section, and exit")
     defaults = Config()
     sections = []
