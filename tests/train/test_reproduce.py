@@ -32,6 +32,9 @@ def test_a_run_made_again_from_its_config_toml_gives_the_same_figures(small_conf
     written = load_run_config(tmp_path / "run" / "config.toml")
     assert written.train.threads == torch.get_num_threads() >= 1  # the count used, not 0 (auto)
     assert written.market.reward_scale > 0  # settled from the training split
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["threads"] == written.train.threads
+    assert f"with {written.train.threads} CPU thread(s)" in (tmp_path / "run" / "report.md").read_text()
     train(with_overrides(written, {"train.out": str(tmp_path / "again")}), tmp_path / "again", console=quiet)
     assert figures(tmp_path / "again") == figures(tmp_path / "run")
 

@@ -168,7 +168,9 @@ def run_markdown(report: dict[str, Any], config: Config) -> str:
              + f"; trained on {report['train_bars'][0]} .. {report['train_bars'][1]}.", "",
              "Contract: " + contract_line_from(report), "", units_line(test, config), "",
              f"Training: {report['epochs']} epochs, {report['updates']} updates at batch {report['batch_size']} "
-             f"({report['batch_source']}) on {report['device']}; planned memory {report['planned_memory']}.", "",
+             f"({report['batch_source']}) on {report['device']}"
+             + (f" with {report['threads']} CPU thread(s)" if report.get("threads") else "")
+             + f"; planned memory {report['planned_memory']}.", "",
              selection_line(report["selection"]), ""]
     code = report.get("code")
     if code:

@@ -559,7 +559,7 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
         "epochs": trainer.epoch, "updates": trainer.updates_done, "batch_size": trainer.batch_size,
         "env_steps": trainer.env_steps_done, "samples": trainer.samples_done,
         "schedule": trainer.schedule.to_json(), "reward": trainer.reward_info.describe(),
-        "batch_source": trainer.plan.batch_source, "device": trainer.device_info.name,
+        "batch_source": trainer.plan.batch_source, "device": trainer.device_info.name, "threads": config.train.threads,
         "planned_memory": f"{format_bytes(trainer.plan.planned_bytes)} of "
                           f"{format_bytes(trainer.plan.device.free_bytes or 0)} free",
         "selection": selection, "code": code_record(),
