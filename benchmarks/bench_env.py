@@ -23,16 +23,17 @@ Prints a table and writes JSON to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 
 import numpy as np
 import torch
+from _common import seconds_of, write_json
 from torch import nn
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.device.graphs import capture_graph
+from fitdqn.device.probe import resolve_device
 from fitdqn.market.env import STATE_DIM, FuturesEnv
 from fitdqn.market.loader import Market, load_market
 
@@ -81,11 +82,6 @@ def make_policy(config: Config, device: torch.device, kind: str):
     return mlp, "mlp"
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # host sync: timing boundary
-
-
 def on_device(market: Market, device: torch.device) -> Market:
     import dataclasses
 
@@ -121,12 +117,11 @@ def bench_vector(
         cuda_graph, _ = capture_graph(one_step, device, warmup=3, generators=(env.generator,))
         run = cuda_graph.replay
         run()
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        run()
-    sync(device)
-    seconds = time.perf_counter() - start
+    def steps_in_a_row() -> None:
+        for _ in range(steps):
+            run()
+
+    seconds = seconds_of(steps_in_a_row, device)
     mode = ("vector" if with_policy else "env-only") + ("+graph" if graph else "")
     return {
         "mode": mode,
@@ -190,11 +185,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench_env.json", help="JSON results path")
     args = parser.parse_args()
 
-    device = torch.device(
-        "cuda"
-        if args.device == "auto" and torch.cuda.is_available()
-        else ("cpu" if args.device == "auto" else args.device)
-    )
+    device = resolve_device(args.device)
     config = with_overrides(Config(), {"market.data": args.data})
     market_cpu = load_market(config.market, window=config.net.window, device="cpu")
     market = on_device(market_cpu, device)
@@ -250,9 +241,7 @@ def main() -> None:
         "rows": rows,
         "numpy": np.__version__,
     }
-    with open(args.out, "w") as handle:
-        json.dump(result, handle, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

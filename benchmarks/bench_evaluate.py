@@ -18,6 +18,7 @@ import resource
 import time
 
 import torch
+from _common import write_json
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.evaluate.backtest import evaluate_config
@@ -61,8 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print(json.dumps(result, indent=2))
     if args.out:
-        with open(args.out, "w") as file:
-            json.dump(result, file, indent=2)
+        write_json(args.out, result)
     return result
 
 

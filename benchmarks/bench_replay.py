@@ -15,19 +15,21 @@ Prints a table and writes JSON to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
-import statistics
 import time
 from collections.abc import Callable
 
 import torch
+from _common import median_ms, write_json
 
 from fitdqn.device.graphs import capture_graph
+from fitdqn.device.probe import resolve_device
+from fitdqn.ops import sum_tree as sum_tree_ops
 from fitdqn.ops.replay_gather import GoalCrossing
 from fitdqn.provenance import code_commit
-from fitdqn.replay import FieldSpec, ReplayBuffer
+from fitdqn.replay import ReplayBuffer
+from fitdqn.transitions import FieldSpec
 
 GOAL_COLUMN = 5
 
@@ -46,7 +48,7 @@ def transition_spec(agent_dim: int) -> dict[str, FieldSpec]:
     }
 
 
-goal_reward = GoalCrossing(0.5)  # the env's kind of bonus: the fused rows gather through fitdqn::replay_gather
+goal_reward = GoalCrossing(0.5)  # the env's kind of bonus (the replay's gather operator takes it by its bonus)
 
 
 def fill(buffer: ReplayBuffer, episode_length: int, agent_dim: int, generator: torch.Generator) -> None:
@@ -71,33 +73,11 @@ def fill(buffer: ReplayBuffer, episode_length: int, agent_dim: int, generator: t
         })
 
 
-def time_loop(step: Callable[[], None], iters: int, warmup: int, device: torch.device) -> float:
-    """Median seconds per call of ``step``."""
-    for _ in range(warmup):
-        step()
-    times = []
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()  # host sync: timing only
-            times.append(start.elapsed_time(end) / 1e3)
-    else:
-        for _ in range(iters):
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def replay_step(buffer: ReplayBuffer, batch: int, beta: torch.Tensor) -> Callable[[], dict]:
     def step() -> dict:
         sample = buffer.sample(batch, beta)
         buffer.update_priorities(sample["index"], sample["reward"].abs())  # stands in for |TD error|
-        return sample  # returned, so torch.compile cannot drop any of it
+        return sample  # the step's output: the batch
 
     return step
 
@@ -123,37 +103,33 @@ def profile(functions: dict[str, Callable[[], None]], device: torch.device) -> N
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=45, max_name_column_width=70))
 
 
-def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool, fused: bool = False) -> list[dict]:
-    """fitdqn's buffer: eager, graphed, compiled + graphed; with ``fused`` the draw and the priority update are the
-    Triton operators (``fitdqn.ops.prioritized``) and, uncompiled, so is the gather (``fitdqn.ops.replay_gather``);
-    compiling touches only the gather (the torch maths)."""
+def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool) -> list[dict]:
+    """fitdqn's buffer, eager and graphed: the draw and the priority update are the operators of
+    ``fitdqn.ops.prioritized``, the gather ``fitdqn::replay_gather`` (Triton kernels on CUDA, the torch maths on the
+    CPU)."""
     rows = []
     spec = transition_spec(args.agent_dim)
     buffer = ReplayBuffer(
         spec, capacity, args.num_envs, n_step=3, gamma=0.99, episode_length=args.episode_length,
         goal_column=GOAL_COLUMN, goal_reward=goal_reward, prioritized=prioritized, alpha=0.6, priority_eps=1e-6,
-        her=True, her_k=4, tree_fanout=args.fanout, compile=False, fused=fused, fused_gather=fused, device=device,
+        her=True, her_k=4, tree_fanout=args.fanout, device=device,
     )
     generator = torch.Generator(device).manual_seed(0)
     fill(buffer, args.episode_length, args.agent_dim, generator)
     beta = torch.tensor(0.4, device=device, dtype=torch.float64)
     step = replay_step(buffer, args.batch, beta)
-    name = f"fitdqn {'prioritized' if prioritized else 'uniform'}{' (fused draw + update)' if fused else ''}"
+    name = f"fitdqn {'prioritized' if prioritized else 'uniform'}"
     modes = [("eager", step)]
     if device.type == "cuda" and not args.no_graph:
         try:
             modes.append(("cuda graph", graphed(step, device)))
-            if not args.no_compile:
-                buffer.use_compiled(True)
-                step()  # compile outside the capture
-                modes.append(("compile+graph", graphed(step, device)))
         except Exception as error:  # report, keep benchmarking
             rows.append({"impl": name, "mode": "cuda graph", "capacity": capacity,
                          "error": repr(error)[:300]})
     if args.profile and prioritized and device.type == "cuda":
         profile(dict(modes), device)
     for mode, fn in modes:
-        seconds = time_loop(fn, args.iters, args.warmup, device)
+        seconds = median_ms(fn, device, args.iters, args.warmup) / 1e3
         rows.append({"impl": name, "mode": mode, "capacity": capacity, "batch": args.batch,
                      "fanout": args.fanout if prioritized else None,
                      "ms_per_iter": seconds * 1e3, "samples_per_s": args.batch / seconds})
@@ -174,9 +150,8 @@ def bench_fitdqn(args, capacity: int, device: torch.device, prioritized: bool, f
                     fn_graph = graphed(fn, device)
                 except Exception:
                     fn_graph = fn
-            seconds = time_loop(fn_graph, args.iters, args.warmup, device)
-            how = ", ".join([*(["fused"] if fused else []), *(["compiled"] if buffer.compiled else [])])
-            label = f"  part: {part}{f' ({how})' if how else ''}"
+            seconds = median_ms(fn_graph, device, args.iters, args.warmup) / 1e3
+            label = f"  part: {part}"
             rows.append({"impl": label, "mode": "cuda graph" if fn_graph is not fn else "eager",
                          "capacity": capacity, "batch": args.batch, "ms_per_iter": seconds * 1e3,
                          "samples_per_s": args.batch / seconds})
@@ -284,7 +259,7 @@ def bench_plain(args, capacity: int, device: torch.device) -> list[dict]:
     buffer = ReplayBuffer(
         spec, capacity, args.num_envs, n_step=3, gamma=0.99, episode_length=args.episode_length,
         goal_column=GOAL_COLUMN, goal_reward=goal_reward, prioritized=True, alpha=0.6, priority_eps=1e-6, her=True,
-        her_k=4, tree_fanout=args.fanout, compile=False, fused=False, fused_gather=False, device=device,
+        her_k=4, tree_fanout=args.fanout, device=device,
     )
     fill(buffer, args.episode_length, args.agent_dim, torch.Generator(device).manual_seed(0))
     plain = PlainPrioritizedReplay(buffer.storage.fields, buffer.storage.written, buffer.num_envs,
@@ -312,7 +287,7 @@ def bench_plain(args, capacity: int, device: torch.device) -> list[dict]:
             rows.append({"impl": "plain-torch sum tree", "mode": "cuda graph", "capacity": capacity,
                          "error": repr(error)[:300]})
     for mode, fn in modes:
-        seconds = time_loop(fn, args.iters, args.warmup, device)
+        seconds = median_ms(fn, device, args.iters, args.warmup) / 1e3
         rows.append({"impl": "plain-torch sum tree", "mode": mode, "capacity": capacity, "batch": args.batch,
                      "ms_per_iter": seconds * 1e3, "samples_per_s": args.batch / seconds,
                      "note": f"binary tree, {plain.depth} levels"})
@@ -320,12 +295,12 @@ def bench_plain(args, capacity: int, device: torch.device) -> list[dict]:
 
 
 def check_against_cpu(args, device: torch.device) -> dict:
-    """Same rows into a CPU buffer and a ``device`` buffer (Triton rebuild, compiled sampling): agree?"""
+    """Same rows into a CPU buffer (the torch maths) and a ``device`` buffer (its operators' kernels): agree?"""
     spec, num_envs, capacity = transition_spec(args.agent_dim), 64, 64 * 40
     kwargs = dict(n_step=3, gamma=0.99, episode_length=16, goal_column=GOAL_COLUMN, goal_reward=goal_reward,
                   prioritized=True, alpha=0.6, priority_eps=1e-6, her=True, her_k=4, tree_fanout=8)
-    cpu = ReplayBuffer(spec, capacity, num_envs, device="cpu", compile=False, fused=False, fused_gather=False, **kwargs)
-    dev = ReplayBuffer(spec, capacity, num_envs, device=device, compile=True, fused=False, fused_gather=False, **kwargs)
+    cpu = ReplayBuffer(spec, capacity, num_envs, device="cpu", **kwargs)
+    dev = ReplayBuffer(spec, capacity, num_envs, device=device, **kwargs)
     fill(cpu, 16, args.agent_dim, torch.Generator().manual_seed(0))
     for t in range(cpu.storage.steps):
         rows = {name: field[t * num_envs:(t + 1) * num_envs] for name, field in cpu.storage.fields.items()}
@@ -339,7 +314,7 @@ def check_against_cpu(args, device: torch.device) -> dict:
     batch_dev = {k: v.cpu() for k, v in dev.batch_from_uniforms(uniform.to(device), beta.to(device)).items()}
     tree_cpu, tree_dev = cpu.sampler.tree, dev.sampler.tree
     return {
-        "triton_rebuild": tree_dev.use_triton,
+        "triton_rebuild": sum_tree_ops.available(device),
         "leaves_max_rel_diff": float(((tree_cpu.leaves - tree_dev.leaves.cpu()).abs()
                                       / tree_cpu.leaves.clamp(min=1e-300)).max()),
         "nodes_max_rel_diff": max(float(((a - b.cpu()).abs() / a.clamp(min=1e-300)).max())
@@ -395,7 +370,7 @@ def bench_torchrl(args, capacity: int, device: torch.device) -> list[dict]:
                 data, info = buffer.sample(return_info=True)
                 buffer.update_priority(info["index"], data["reward"].abs())
 
-            seconds = time_loop(step, args.iters, args.warmup, device)
+            seconds = median_ms(step, device, args.iters, args.warmup) / 1e3
         except Exception as error:
             rows_out.append({"impl": name, "mode": label, "capacity": capacity, "version": version,
                              "error": repr(error)[:300]})
@@ -424,15 +399,14 @@ def main() -> None:
     parser.add_argument("--no-torchrl", action="store_true", help="skip the TorchRL rows")
     parser.add_argument("--no-fitdqn", action="store_true", help="skip fitdqn's rows")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain-torch sum tree rows")
-    parser.add_argument("--no-fused", action="store_true",
-                        help="skip fitdqn's fused draw + update rows (the Triton operators, CUDA only)")
     parser.add_argument("--parts", action="store_true", help="also time descent / gather / update alone")
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile + CUDA graph rows")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="skip the plain-torch sum tree's torch.compile + CUDA graph row")
     parser.add_argument("--profile", action="store_true", help="print kernel tables (torch.profiler)")
     parser.add_argument("--check", action="store_true", help="first compare a small buffer with the CPU")
     parser.add_argument("--out", default="bench_replay.json")
     args = parser.parse_args()
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     args.num_envs = min(args.num_envs, max(1, min(args.capacities) // 64))  # room for episodes
 
     results = []
@@ -444,9 +418,6 @@ def main() -> None:
         capacity -= capacity % args.num_envs
         if not args.no_fitdqn:
             results += bench_fitdqn(args, capacity, device, prioritized=True)
-            if device.type == "cuda" and not args.no_fused:
-                torch.cuda.empty_cache()
-                results += bench_fitdqn(args, capacity, device, prioritized=True, fused=True)
         if not args.no_plain:
             results += bench_plain(args, capacity, device)
             if device.type == "cuda":
@@ -469,11 +440,8 @@ def main() -> None:
         else:
             print(f"{row['impl']:34} {row['mode']:11} {row['capacity']:>10} {row['ms_per_iter']:>9.3f} "
                   f"{row['samples_per_s']:>14,.0f}")
-    with open(args.out, "w") as handle:
-        json.dump({"device": name, "torch": torch.__version__, "commit": code_commit(),
-                   "date": time.strftime("%Y-%m-%d", time.gmtime()), "args": vars(args), "results": results},
-                  handle, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.out, {"device": name, "torch": torch.__version__, "commit": code_commit(),
+                          "date": time.strftime("%Y-%m-%d", time.gmtime()), "args": vars(args), "results": results})
 
 
 if __name__ == "__main__":

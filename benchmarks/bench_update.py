@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
+from _common import peak_bytes, sync, times_ms, write_json
 
 from fitdqn.config import Config, config_to_dict, for_device, with_overrides
 from fitdqn.device.graphs import capture_graph
-from fitdqn.device.probe import probe
+from fitdqn.device.probe import probe, resolve_device
 from fitdqn.learn import Learner, random_batch
 from fitdqn.memory.trace import StepSetup, trace_step_memory
 from fitdqn.nets.groups import parameter_groups
@@ -54,50 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def resolve(spec: str) -> torch.device:
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(spec)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # host sync: benchmark boundary
-
-
-def timed(fn, device: torch.device, iters: int) -> list[float]:
-    """Milliseconds per call: CUDA events on the GPU, perf_counter on the CPU."""
-    if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(iters)]
-        for start, end in events:
-            start.record()
-            fn()
-            end.record()
-        sync(device)
-        return [start.elapsed_time(end) for start, end in events]
-    times = []
-    for _ in range(iters):
-        begin = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - begin) * 1e3)
-    return times
-
-
 def summary(times: list[float]) -> dict[str, float]:
     ordered = sorted(times)
     return {"median_ms": statistics.median(ordered), "p10_ms": ordered[len(ordered) // 10],
             "p90_ms": ordered[min(len(ordered) - 1, (len(ordered) * 9) // 10)]}
-
-
-def cuda_peak(fn, device: torch.device) -> int:
-    """Bytes allocated at the peak of ``fn`` beyond what was allocated before it."""
-    sync(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    fn()
-    sync(device)
-    return torch.cuda.max_memory_allocated(device) - before
 
 
 def trace_update(config: Config, state_dim: int, device: torch.device, batch_size: int):
@@ -123,13 +82,13 @@ def bench_eager(config: Config, args, device: torch.device, batch_size: int) -> 
         learner.update(batch)
     row: dict = {"batch": batch_size, "mode": "eager"}
     if device.type == "cuda":
-        row["peak_bytes"] = cuda_peak(lambda: learner.update(batch), device)
+        row["peak_bytes"] = peak_bytes(lambda: learner.update(batch), device)
     if not args.no_trace or device.type == "cpu":
         traced = trace_update(config, args.state_dim, device, batch_size)
         row["traced_peak_bytes"], row["traced_by_group"] = traced.step_bytes, traced.step_by_group
     if "peak_bytes" not in row:
         row["peak_bytes"] = row["traced_peak_bytes"]
-    row.update(summary(timed(lambda: learner.update(batch), device, args.iters)))
+    row.update(summary(times_ms(lambda: learner.update(batch), device, args.iters)))
     return row
 
 
@@ -143,7 +102,7 @@ def bench_graphed(config: Config, args, device: torch.device, batch_size: int) -
     holder = {}
     begin = time.perf_counter()
     static_batch = {key: value.clone() for key, value in batch.items()}
-    peak = cuda_peak(lambda: holder.setdefault("graph", capture_graph(lambda: learner.update(static_batch), device,
+    peak = peak_bytes(lambda: holder.setdefault("graph", capture_graph(lambda: learner.update(static_batch), device,
                                                                        warmup=args.warmup)), device)
     capture_s = time.perf_counter() - begin
     graph, _ = holder["graph"]
@@ -156,12 +115,12 @@ def bench_graphed(config: Config, args, device: torch.device, batch_size: int) -
     row = {"batch": batch_size, "mode": "graphed", "peak_bytes": peak, "capture_s": capture_s,
            "graph_pool_bytes": torch.cuda.memory_reserved(device) - reserved_before}
     step(batch)
-    row.update(summary(timed(lambda: step(batch), device, args.iters)))
+    row.update(summary(times_ms(lambda: step(batch), device, args.iters)))
     return row
 
 
 def run(args) -> dict:
-    device = resolve(args.device)
+    device = resolve_device(args.device)
     overrides = dict(item.split("=", 1) for item in args.set)
     config = with_overrides(Config(), overrides) if overrides else Config()
     config = for_device(config, device.type)  # the widths a run on this device trains (`--set net.size=full`)
@@ -232,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
     print_table(result)
-    Path(args.out).write_text(json.dumps(result, indent=2, default=str))
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
     return 0
 
 

@@ -19,13 +19,13 @@ largest error against a float64 column sum, relative to that sum's largest magni
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 from collections.abc import Callable
 
 import torch
-from update_vs_compile import median_ms  # this folder's timing: CUDA events, else perf_counter
+from _common import median_ms, peak_bytes, write_json
 
+from fitdqn.device.probe import resolve_device
 from fitdqn.provenance import code_commit
 
 # (rows, columns) of the bias gradients at batch 8192 (W = 8 tokens): C51 hidden, trunk, attention, full widths
@@ -39,18 +39,6 @@ def ways(ones: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]
         "mv": lambda grad: torch.mv(grad.t(), ones),
         "mm": lambda grad: (ones.unsqueeze(0) @ grad).squeeze(0),
     }
-
-
-def peak_bytes(fn: Callable[[], torch.Tensor], device: torch.device) -> int | None:
-    """The allocator's peak above what was allocated before one call (None off CUDA)."""
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    torch.cuda.synchronize(device)  # host sync: read the peak after the call
-    return torch.cuda.max_memory_allocated(device) - before
 
 
 def measure(shape: tuple[int, int], dtype: torch.dtype, iters: int, device: torch.device) -> list[dict]:
@@ -81,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(f"{m}x{n}" for m, n in SHAPES),
                         help="comma-separated ROWSxCOLUMNS of the gradients (default: the update's at batch 8192)")
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                          else "cpu" if args.device == "auto" else args.device)
+    device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype)
     shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",") if shape]
     rows = [row for shape in shapes for row in measure(shape, dtype, args.iters, device)]
@@ -93,10 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         scratch = "-" if row["scratch_bytes"] is None else f"{row['scratch_bytes'] / 2**20:.1f}"
         print(f"{row['rows']:>7} x {row['columns']:<4} {row['way']:>4} {row['ms']:9.4f} {scratch:>12} "
               f"{row['relative_error']:11.2e}")
-    with open(args.out, "w") as out:
-        json.dump({"device": name, "torch": torch.__version__, "commit": code_commit(), "dtype": args.dtype,
-                   "iters": args.iters, "rows": rows}, out, indent=1)
-    print(f"wrote {args.out}")
+    write_json(args.out, {"device": name, "torch": torch.__version__, "commit": code_commit(), "dtype": args.dtype,
+                          "iters": args.iters, "rows": rows})
     return 0
 
 

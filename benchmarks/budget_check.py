@@ -1,4 +1,4 @@
-"""Does the plan predict the real training step? (issue: VRAM planner, 'Done when').
+"""Does the plan predict the real training step?
 
 For each batch, in a fresh subprocess (so the cuBLAS workspaces, caches and loaded kernels of one batch are not
 in the next one's baseline): build the captured training step for real on the GPU (replay at the planned
@@ -28,6 +28,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from _common import peak_bytes, write_json
 
 from fitdqn.config import Config, for_device, with_overrides
 from fitdqn.device import probe
@@ -68,23 +69,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_config(args: argparse.Namespace) -> Config:
     """The default config on synthetic data, its 'auto' values resolved for a GPU (as the trainer does)."""
-    config = with_overrides(Config(), {"market.data": args.data, "replay.capacity": args.capacity,
-                                       "replay.compile": False})
+    config = with_overrides(Config(), {"market.data": args.data, "replay.capacity": args.capacity})
     return for_device(config, "cuda")
 
 
 # ------------------------------------------------------------------------------------------------ one batch
 def measure_total(make_step, batch_size: int, device: torch.device) -> int:
-    torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    with device:
-        step = make_step(batch_size, device).step
-        step()
-        step()
-    torch.cuda.synchronize(device)  # host sync: read the peak after the steps
-    return torch.cuda.max_memory_allocated(device) - before
+
+    def two_steps() -> None:
+        with device:
+            step = make_step(batch_size, device).step
+            step()
+            step()
+
+    return peak_bytes(two_steps, device)
 
 
 def measure_batch(args: argparse.Namespace) -> dict:
@@ -102,7 +101,7 @@ def child_main(args: argparse.Namespace) -> int:
         result = measure_batch(args)
     except Exception as error:  # noqa: BLE001 - recorded in the row, the check goes on
         result = {"error": f"{type(error).__name__}: {error}"[:500], "traceback": traceback.format_exc()[-3000:]}
-    Path(args.result).write_text(json.dumps(result, indent=2))
+    write_json(args.result, result, announce=False)
     return 0
 
 
@@ -182,10 +181,9 @@ def main(argv: list[str] | None = None) -> int:
           "one process per batch")
     print_table(rows)
     commit = code_commit()
-    with open(args.out, "w") as f:
-        json.dump({"device": info.name, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-                   "commit": commit, "isolation": "one process per batch",
-                   "components": [c.to_json() for c in components], "rows": rows}, f, indent=2)
+    write_json(args.out, {"device": info.name, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+                          "commit": commit, "isolation": "one process per batch",
+                          "components": [c.to_json() for c in components], "rows": rows})
     return 0
 
 

@@ -59,6 +59,8 @@ import time
 import traceback
 from pathlib import Path
 
+from _common import write_json
+
 from fitdqn.provenance import code_commit
 
 DEFAULT_CARDS = "1.7,2.5,4,8,16,24,40,80"
@@ -90,7 +92,7 @@ def sweep_config(overrides: list[str]):
     from fitdqn.config import Config, with_overrides
 
     values = {
-        "market.data": "synthetic", "replay.compile": False, "collect.steps_per_epoch": 8,
+        "market.data": "synthetic", "collect.steps_per_epoch": 8,
         "budget.batch_size": 0, "budget.max_batch": 1 << 22, "train.device": "cuda", "train.epochs": 2,
     }
     values.update(dict(item.split("=", 1) for item in overrides))
@@ -326,7 +328,7 @@ def child_main(args: argparse.Namespace) -> int:
                    traceback=traceback.format_exc()[-3000:])
         if "OutOfMemoryError" in type(error).__name__ and row.get("phase") != "bisection":
             row["ooms"] = row.get("ooms", 0) + 1
-    Path(args.result).write_text(json.dumps(row, indent=2, default=str))
+    write_json(args.result, row, announce=False)
     return 0
 
 
@@ -411,8 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"date": datetime.date.today().isoformat(), "commit": commit, "torch": torch.__version__,
               "gpu": ", ".join(gpus), "args": {k: v for k, v in vars(args).items()
                                                              if k not in ("child", "result")}, "rows": rows}
-    Path(args.out).write_text(json.dumps(record, indent=2, default=str))
-    print(f"wrote {args.out}")
+    write_json(args.out, record)
     return 0
 
 

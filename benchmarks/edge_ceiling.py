@@ -14,9 +14,9 @@ scale of what sizing by the edge's strength can add over the sign alone.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
+from _common import write_json
 
 from fitdqn.config import SYNTHETIC_DATA, Config, MarketConfig, knob_choices, with_overrides
 from fitdqn.evaluate.backtest import BarRule, SplitSizes, evaluate_rules
@@ -66,8 +66,7 @@ def main() -> None:
     for name, row in rows.items():
         print(f"| {name} | {row['validation']:.2f} | {row['test']:.2f} |")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"commit": code_commit(), "position_sizing": args.position_sizing, "rules": rows}, f, indent=1)
+        write_json(args.out, {"commit": code_commit(), "position_sizing": args.position_sizing, "rules": rows})
 
 
 if __name__ == "__main__":

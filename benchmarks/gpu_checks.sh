@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of the learner (issue 3) and the budget (issue 8), each part sized to one 10-minute device call.
+# The GPU checks of the learner and the plan, each part sized to one 10-minute call.
 #
 #   OUT=results_dir bash benchmarks/gpu_checks.sh tests    # the CUDA tests (about 5 min on an H100)
 #   OUT=results_dir bash benchmarks/gpu_checks.sh sweep    # emulated cards 1.7 .. 80 GiB (about 5 min)

@@ -2,7 +2,7 @@
 
 For each allocator mode (expandable segments on and off, each in a fresh process: PyTorch reads its allocator
 config once, at start-up) and each batch: build the trainer's captured step for real on the GPU
-(``budget.build.make_train_step``: sample -> update -> priorities), warm it up on the capture stream (its
+(``fitdqn.plan.build.make_train_step``: sample -> update -> priorities), warm it up on the capture stream (its
 cuBLAS workspaces are made there, outside the graph), capture it in a CUDA graph and read the graph's private
 pool from ``torch.cuda.memory_snapshot`` (the segments whose ``segment_pool_id`` is the graph's pool; the
 growth of ``memory_reserved`` over the capture beside it). Next to it, from the same step traced on fake
@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 import torch
+from _common import write_json
 
 from fitdqn.config import Config, for_device, with_overrides
 from fitdqn.device import probe
@@ -102,8 +103,7 @@ def main() -> None:
                                "--data", args.data, "--steps", str(args.steps)],
                               env=env, check=True, stdout=subprocess.PIPE, text=True)
         result["modes"][mode] = json.loads(done.stdout.strip().splitlines()[-1])
-    with open(args.out, "w") as out:
-        json.dump(result, out, indent=2)
+    write_json(args.out, result, announce=False)
     for mode, data in result["modes"].items():
         print(f"{mode}: cuda_graphs = {data['component']['fixed_bytes']} B + "
               f"{data['component']['per_sample_bytes']} B/sample")

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 import time
 
 import torch
+from _common import write_json
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -106,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {"commit": code_commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__,
                   "command": " ".join(["launch_census.py", *(argv if argv is not None else sys.argv[1:])]),
                   "batch": args.batch, "kernels": args.kernels, "ops": len(ops), "by_op": dict(counts.most_common())}
-        with open(args.out, "w") as file:
-            json.dump(result, file, indent=1)
+        write_json(args.out, result)
     return 0
 
 

@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import write_json
 from rich.console import Console
 
 from fitdqn.config import Config, with_overrides
@@ -61,8 +62,7 @@ def run(args: argparse.Namespace) -> None:
                          # the report's paired intervals: the agent's Sharpe minus each baseline's, same bars
                          "agent_minus": {"buy_and_hold": r["agent"].get("sharpe_minus_buy_and_hold"),
                                          **r["agent"].get("sharpe_minus_rules", {})}}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result, announce=False)
     print(json.dumps({k: result[k] for k in ("seed", "seconds", "updates", "batch_size", "test")}))
 
 
@@ -78,8 +78,7 @@ def read_runs(paths: list[str]) -> list[dict]:
 def summary(args: argparse.Namespace) -> None:
     runs = read_runs(args.files)
     if args.bundle:  # one file for many runs: a results folder (or a device's return) keeps one file, not N
-        Path(args.bundle).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.bundle).write_text(json.dumps(runs, indent=1))
+        write_json(args.bundle, runs, announce=False)
     print(f"{len(runs)} runs on {runs[0]['device']}, batch {sorted({r['batch_size'] for r in runs})}, "
           f"updates {sorted({r['updates'] for r in runs})}, commit {sorted({r['commit'] for r in runs})}")
     print("| split | policy | median Sharpe | range |")

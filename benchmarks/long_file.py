@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from _common import write_json
 from scipy.signal import lfilter
 
 from fitdqn.provenance import code_commit
@@ -267,8 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print(json.dumps({k: result[k] for k in ("wall_seconds", "peak_rss_mib", "phases", "calls")}, indent=2))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.out, result)
     return result
 
 

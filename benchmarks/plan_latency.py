@@ -19,7 +19,6 @@ difference, the plan and its references timed in turn). Cases:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -30,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import write_json
 
 from fitdqn.provenance import code_commit
 
@@ -93,7 +94,7 @@ def main() -> int:
     if args.out:
         record = {"date": time.strftime("%Y-%m-%d"), "commit": code_commit(), "machine": platform.node(),
                   "cpus": os.cpu_count(), "data": args.data, "repeats": args.repeats, "results": results}
-        args.out.write_text(json.dumps(record, indent=2) + "\n")
+        write_json(args.out, record)
     return 0
 
 

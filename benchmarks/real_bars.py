@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import write_json
 from rich.console import Console
 
 from fitdqn.config import Config, load_config, with_overrides
@@ -55,11 +56,22 @@ def table(studies: dict[str, dict[str, Any]], config: Config) -> str:
             if name == "agent":
                 low, high = summary["sharpe_range"] or (None, None)
                 seeds = f"{fmt(summary['median_sharpe'], 2)} ({fmt(low, 2)} .. {fmt(high, 2)})"
-            label = "agent (seeds' average book)" if name == "agent" else policy_label(name, config)
+            ensemble = summary.get("agent_book") == "ensemble"
+            label = policy_label(name, config) if name != "agent" else (
+                "agent (the seeds' ensemble)" if ensemble else "agent (seeds' average book)")
             lines.append(f"| {data} | {label} | {fmt(entry['sharpe'], 2)} | {fmt_ci(entry['sharpe_ci'])} | {seeds} |")
+            if name == "agent" and ensemble:
+                average = summary["average_book"]
+                lines.append(f"| {data} | seeds' average book | {fmt(average['sharpe'], 2)} | "
+                             f"{fmt_ci(average['sharpe_ci'])} | |")
         diff = summary["pooled"]["agent"].get("sharpe_minus_buy_and_hold")
         if diff:
             lines.append(f"| {data} | agent minus buy & hold | {diff['estimate']:+.2f} | {fmt_ci(diff)} | |")
+        check = summary["pooled"]["agent"].get("reality_check")
+        if check:
+            spa = check["some_baseline_beats_agent"] or {}
+            lines.append(f"| {data} | reality check: p (agent beats every baseline) / p (some baseline beats it) | "
+                         f"{fmt(check['agent_beats_every_baseline'], 3)} / {fmt(spa.get('consistent'), 3)} | | |")
     lines.append("")
     for data, summary in studies.items():
         lines += [f"{data}: {summary['verdict']}", ""]
@@ -137,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
               "torch": torch.__version__, "seconds": seconds, "studies": studies}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "real_bars.json").write_text(json.dumps(record, indent=2))
+    write_json(out / "real_bars.json", record, announce=False)
     (out / "real_bars.md").write_text(markdown)
     console.print(markdown, soft_wrap=True, markup=False, highlight=False)
     return record

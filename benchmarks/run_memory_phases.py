@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from _common import write_json
 
 SNAPSHOT_AT = ("after build_system#1", "update call 1 before", "update call 2 after", "after train_updates#1",
                "after evaluate_split#1", "end")
@@ -115,8 +116,8 @@ def main() -> int:
         rc = fitdqn_main(["train", *train_args, "--out", str(run_dir)])
         recorder.mark("end")
         plan = json.loads((run_dir / "plan.json").read_text()) if (run_dir / "plan.json").is_file() else {}
-    args.out.write_text(json.dumps({"rc": rc, "train_args": train_args, "rows": recorder.rows,
-                                    "snapshots": recorder.snapshots, "run_peak": plan.get("peak")}, indent=1))
+    write_json(args.out, {"rc": rc, "train_args": train_args, "rows": recorder.rows,
+                          "snapshots": recorder.snapshots, "run_peak": plan.get("peak")}, announce=False)
     for row in recorder.rows:
         print(f"{row['label']:<32} reserved {row['reserved'] / MIB:9.1f} MiB  allocated {row['allocated'] / MIB:9.1f}"
               f"  peak reserved {row['max_reserved'] / MIB:9.1f}  peak allocated {row['max_allocated'] / MIB:9.1f}")

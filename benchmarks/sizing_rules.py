@@ -8,9 +8,9 @@ it is what volatility sizing does to a fixed rule.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
+from _common import write_json
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.evaluate.backtest import SplitSizes, evaluate_rules
@@ -58,8 +58,7 @@ def main() -> None:
             cells = [by_sizing[sizing]["rules"][rule][split] for split in SPLITS for sizing in SIZINGS]
             print(f"| {data} | {rule} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"commit": code_commit(), "results": results}, f, indent=1)
+        write_json(args.out, {"commit": code_commit(), "results": results})
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+from _common import write_json  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from fitdqn.config import Config, with_overrides  # noqa: E402
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         results = [json.loads(Path(f).read_text()) for f in args.from_files]
         runs = [run for r in results for run in r["runs"]]
         merged = {**results[0], **skill_summary(runs), "runs": runs}
-        Path(args.out).write_text(json.dumps(merged, indent=2))
+        write_json(args.out, merged, announce=False)
         if args.plot:
             plot_curves(merged, args.plot)
         print(f"{len(merged['runs'])} runs; reached in {merged['reached']}; median {merged['median_time_to_skill_s']}"
@@ -192,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "commit": code_commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "import_s": IMPORT_S, **skill_summary(runs), "runs": runs,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result, announce=False)
     if args.plot:
         plot_curves(result, args.plot)
     print(f"reached in {result['reached']} runs; median {result['median_time_to_skill_s']} s; wrote {args.out}")

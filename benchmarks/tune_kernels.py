@@ -21,6 +21,7 @@ import json
 import sys
 
 import torch
+from _common import median_ms, write_json
 
 BACKWARD_SHAPES = [  # (kernel, P, BLOCK_D, warps, stages); the first is the reference the others are checked against
     ("rows", 128, 128, 4, 2), ("transposed", 128, 128, 8, 2), ("transposed", 128, 128, 8, 1),
@@ -37,22 +38,10 @@ PROJECTION_SHAPES = [(1, 2), (1, 1), (1, 4), (2, 1), (2, 2), (2, 4), (4, 1), (4,
 KERNELS = ("iqn_backward", "iqn_forward", "quantile_huber", "projection")
 
 
-def milliseconds(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()  # host sync: timing
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=8192)
-    parser.add_argument("--reps", type=int, default=20, help="timed launches per shape")
+    parser.add_argument("--reps", type=int, default=20, help="timed launches per shape (their median)")
     parser.add_argument("--out", default="tune_kernels.json")
     parser.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated: " + ", ".join(KERNELS))
     args = parser.parse_args()
@@ -67,7 +56,7 @@ def main() -> int:
 
     kernels = args.kernels.split(",")
 
-    device, (batch, n, e, d, o) = "cuda", (args.batch, 64, 64, 256, 15)
+    device, (batch, n, e, d, o) = torch.device("cuda"), (args.batch, 64, 64, 256, 15)
     generator = torch.Generator(device=device).manual_seed(0)
     randn = lambda *shape: torch.randn(*shape, device=device, generator=generator)  # noqa: E731
     features, taus = randn(batch, d).bfloat16(), torch.rand(batch, n, device=device, generator=generator)
@@ -96,7 +85,7 @@ def main() -> int:
             first = first or sums
             error = max(((a - b).norm() / b.norm().clamp_min(1e-12)).item() for a, b in zip(sums, first, strict=True))
             rows.append({"kernel": "iqn_backward", "variant": kernel, "programs": programs, "block_d": block_d,
-                         "warps": warps, "stages": stages, "ms": milliseconds(backward, args.reps),
+                         "warps": warps, "stages": stages, "ms": median_ms(backward, device, args.reps, warmup=1),
                          "error_vs_first": error})
             print(json.dumps(rows[-1]), flush=True)
         for block_d, warps, stages in FORWARD_SHAPES if "iqn_forward" in kernels else ():
@@ -104,7 +93,7 @@ def main() -> int:
             forward = lambda: iqn_triton.fused_quantiles(features, taus, frequencies, w1, b1, w2, b2,  # noqa: E731
                                                          torch.bfloat16)
             rows.append({"kernel": "iqn_forward", "block_d": block_d, "warps": warps, "stages": stages,
-                         "ms": milliseconds(forward, args.reps)})
+                         "ms": median_ms(forward, device, args.reps, warmup=1)})
             print(json.dumps(rows[-1]), flush=True)
         pred, target = randn(batch, n, 3), randn(batch, n, 3)
         ref_loss, ref_grad = quantile_huber_sorted(pred, target, taus, 1.0)  # fp64 inside: the oracle
@@ -115,7 +104,7 @@ def main() -> int:
             error = max(((got_loss - ref_loss).abs().max() / ref_loss.abs().max()).item(),
                         ((got_grad - ref_grad).abs().max() / ref_grad.abs().max()).item())
             rows.append({"kernel": "quantile_huber", "variant": kernel, "warps": warps, "unrolled": unroll,
-                         "ms": milliseconds(loss, args.reps), "error_vs_closed_form": error})
+                         "ms": median_ms(loss, device, args.reps, warmup=1), "error_vs_closed_form": error})
             print(json.dumps(rows[-1]), flush=True)
         probs = torch.softmax(randn(batch * 3, 51), dim=-1)  # [B * 3 branches, 51 atoms]
         rewards, discounts = randn(batch) * 5, torch.full((batch,), 0.99**3, device=device)  # [B]: per sample
@@ -127,7 +116,7 @@ def main() -> int:
             out = project()
             first_projection = out if first_projection is None else first_projection
             rows.append({"kernel": "projection", "rows": rows_per_program, "warps": warps,
-                         "ms": milliseconds(project, args.reps),
+                         "ms": median_ms(project, device, args.reps, warmup=1),
                          "error_vs_first": (out - first_projection).abs().max().item()})
             print(json.dumps(rows[-1]), flush=True)
     finally:
@@ -137,9 +126,7 @@ def main() -> int:
          iqn_triton.FORWARD_WARPS, iqn_triton.FORWARD_STAGES, huber.KERNEL, huber.WARPS, huber.ROWS_WARPS,
          huber.ROWS_UNROLL, projection.ROWS, projection.WARPS) = saved
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": batch, "rows": rows}
-    with open(args.out, "w") as file:
-        json.dump(result, file, indent=1)
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
     return 0
 
 

@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+from _common import write_json
 from rich.console import Console
 
 from fitdqn.config import Config, with_overrides
@@ -185,7 +186,7 @@ def main() -> int:
                                                             "steady_samples_per_s", "error")} for r in p["trials"]]}
     print(json.dumps(summary, indent=2))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        write_json(args.out, result)
     ok = all(all(result[p]["checks"].values()) for p in ("alone", "packed") if p in result)
     return 0 if ok else 1
 

@@ -45,10 +45,8 @@ import argparse
 import contextlib
 import copy
 import gc
-import json
 import math
 import signal
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -57,10 +55,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _common import median_ms, peak_bytes, seconds_of, sync, write_json
 from torch import nn
 
 from fitdqn.config import Config, LearnConfig, NetConfig, config_to_dict, for_device, with_overrides
 from fitdqn.device.graphs import capture_graph
+from fitdqn.device.probe import resolve_device
 from fitdqn.learn import Learner, random_batch
 from fitdqn.provenance import code_commit
 
@@ -250,39 +250,6 @@ def capture(step: Callable[[], dict], device: torch.device, warmup: int) -> tupl
 
 # ---------------------------------------------------------------------------------------------- measuring
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # host sync: benchmark boundary
-
-
-def median_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        for start, end in events:
-            start.record()
-            fn()
-            end.record()
-        sync(device)
-        return statistics.median(start.elapsed_time(end) for start, end in events)
-    times = []
-    for _ in range(iters):
-        begin = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - begin) * 1e3)
-    return statistics.median(times)
-
-
-def seconds_of(fn: Callable[[], object], device: torch.device) -> float:
-    sync(device)
-    begin = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - begin
-
-
 class CompileTimeout(Exception):
     pass
 
@@ -314,18 +281,6 @@ def timed_out(error: BaseException | None) -> bool:
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
-
-
-def peak_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
-    """Allocated bytes at the peak of ``fn`` beyond those allocated before it (CUDA only)."""
-    if device.type != "cuda":
-        return None
-    sync(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    fn()
-    sync(device)
-    return torch.cuda.max_memory_allocated(device) - before
 
 
 def bench_fitdqn(config: Config, args, device: torch.device, batch_size: int, mode: str) -> dict:
@@ -479,7 +434,7 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def run(args) -> dict:
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     overrides = dict(item.split("=", 1) for item in args.set)
     config = with_overrides(Config(), overrides) if overrides else Config()
@@ -528,7 +483,7 @@ def run(args) -> dict:
         rows.append(row)
         print(format_row(row), flush=True)
         add_ratios(rows)
-        write(args.out, result)  # after every row: a run cut short keeps what it measured
+        write_json(args.out, result, announce=False)  # after every row: a run cut short keeps what it measured
         free(device)
     if not profiled:
         profile_into(result, config, args, device)
@@ -540,13 +495,8 @@ def profile_into(result: dict, config: Config, args, device: torch.device) -> No
         result["profile"] = profile_rows(config, args, device)
     except Exception as error:
         result["profile"] = {"error": repr(error)[:400]}
-    write(args.out, result)
+    write_json(args.out, result, announce=False)
     free(device)
-
-
-def write(path: str, result: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(result, indent=2, default=str))
 
 
 def row_name(mode: str, batch_size: int) -> dict:
@@ -617,8 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
     print_table(result)
-    write(args.out, result)
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
     return 0
 
 

@@ -196,7 +196,7 @@ def load_sweep():
 def test_budget_sweep_pure_parts(capsys):
     sweep = load_sweep()
     config = sweep.sweep_config(["collect.num_envs=1024"])
-    assert config.budget.batch_size == 0 and config.replay.compile is False and config.collect.num_envs == 1024
+    assert config.budget.batch_size == 0 and config.collect.num_envs == 1024
     assert sweep.steps_for_batch(config, 50_000) == 49 + config.learn.n_step + 2
     assert sweep.steps_for_batch(config, 64) == max(8, 10 + config.learn.n_step + 2)  # min_fill 10000
     row = {"ooms": 0}

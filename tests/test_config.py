@@ -169,3 +169,20 @@ def test_a_run_config_that_predates_a_key_is_read_as_the_run_was_trained(tmp_pat
     assert "position_sizing" not in old.read_text()
     assert load_run_config(old).market.position_sizing == "contracts"
     assert load_run_config(old).market.target_volatility == 0.0
+
+
+@pytest.mark.parametrize("key", ["replay.compile", "replay.fused_gather"])
+def test_a_removed_replay_key_gives_one_error_saying_it_is_gone(key, tmp_path):
+    """In a config file or on the command line: one error naming the key, saying it was removed; a run directory's
+    config.toml written while the key existed still reads (the key chose kernels, not what a run computes)."""
+    from fitdqn.config import load_run_config
+
+    section, name = key.split(".")
+    with pytest.raises(ConfigError, match=rf"^config key '{key}' was removed: .*delete it from the config$"):
+        config_from_dict({section: {name: True}})
+    with pytest.raises(ConfigError, match=rf"'{key}' was removed"):
+        with_overrides(Config(), {key: "false"})
+    written = tmp_path / "config.toml"
+    written.write_text(dump_config(Config()).replace(f"[{section}]\n", f"[{section}]\n{name} = false\n"))
+    assert f"{name} = false" in written.read_text()
+    assert load_run_config(written) == Config()

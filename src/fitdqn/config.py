@@ -191,14 +191,6 @@ class ReplayConfig:
     her_k: int = knob(4, "HER future goals per real goal: relabel probability k / (k + 1)", ge=0)
     min_fill: int = knob(10_000, "transitions stored before updates start (at most one epoch's: updates start in "
                          "the first epoch)", ge=0)
-    compile: bool = knob(False, "torch.compile the replay's sampling maths on CUDA: about 4x faster sampling "
-                         "(0.13 vs 0.51 ms for 8192 on an H200) after 10-60 s of compiling at the run's start, "
-                         "which pays on runs of tens of thousands of updates; off, the default run reaches skill "
-                         "sooner (BENCHMARKS.md)")
-    fused_gather: bool = knob(True, "gather a batch (HER goals, n-step returns, the rows) with one operator, "
-                              "fitdqn::replay_gather, where net.kernels resolves to 'triton': one Triton kernel on "
-                              "CUDA instead of a few dozen small ones, the same maths (0.070 against 0.30 ms for a "
-                              "prioritized sample and update of 8192 on an H100, BENCHMARKS.md); false: torch maths")
     tree_fanout: int = knob(64, "children per node of the prioritized sum tree (wide: a shallow tree, a few "
                             "batched kernels per descent; each descent step reads this many priorities per "
                             "sample)", ge=2)
@@ -347,6 +339,13 @@ class EvaluateConfig:
     ma_slow: int = knob(200, "slow moving average of the MA crossover baseline (bars)", ge=1)
     momentum_years: float = knob(1.0, "lookback of the time-series momentum baseline, in years of bars",
                                    gt=0)
+    tried_configs: int = knob(
+        1, "configurations tried to find this one (a tune study's trials: its best.toml sets it); above 1 the "
+        "report deflates the agent's Sharpe for them (the deflated Sharpe ratio)", ge=1)
+    tried_sharpe_variance: float = knob(
+        0.0, "variance of the tried configurations' annualised validation Sharpes (best.toml sets it), how far luck "
+        "alone spreads them", ge=0)
+    tried_in: str = knob("", "where the tried configurations were tried (best.toml: its tune study), for the report")
 
     def __post_init__(self) -> None:
         checks = [
@@ -466,6 +465,13 @@ RENAMED_KEYS = {
     "learn.epsilon_decay_steps": "'learn.epsilon_decay_fraction' (the share of the run's env steps over which "
     "epsilon decays, e.g. 0.5)",
 }
+# keys that are gone, with what replaces them: each gives one error saying so
+REMOVED_KEYS = {
+    "replay.compile": "the replay's sampling runs the fitdqn:: operators, which pick their kernels by device "
+    "(Triton on CUDA); there is nothing to compile",
+    "replay.fused_gather": "the replay always gathers a batch with the operator fitdqn::replay_gather (Triton on "
+    "CUDA, the torch maths on the CPU)",
+}
 
 
 def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
@@ -486,6 +492,8 @@ def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config
             full = f"{section_name}.{key}"
             if full in RENAMED_KEYS:
                 raise ConfigError(f"config key '{full}' is now {RENAMED_KEYS[full]}")
+            if full in REMOVED_KEYS:
+                raise ConfigError(f"config key '{full}' was removed: {REMOVED_KEYS[full]}; delete it from the config")
             if key not in types_:
                 raise ConfigError(
                     f"unknown config key '{full}'; keys of [{section_name}]: {', '.join(types_)}"
@@ -520,8 +528,13 @@ PREDATED_KEYS = {
 
 def load_run_config(path: str | Path) -> Config:
     """The config a run wrote (``config.toml`` of a run directory): :func:`load_config`, where a key the file
-    predates (:data:`PREDATED_KEYS`) takes the value runs had then."""
+    predates (:data:`PREDATED_KEYS`) takes the value runs had then, and a key removed since (:data:`REMOVED_KEYS`:
+    none changed what a run computes) is dropped."""
     data = read_toml(path)
+    for key in REMOVED_KEYS:
+        section, name = key.split(".")
+        if isinstance(data.get(section), dict):
+            data[section].pop(name, None)
     for key, value in PREDATED_KEYS.items():
         section, name = key.split(".")
         if isinstance(data.get(section, {}), dict):  # a malformed section: config_from_dict names it

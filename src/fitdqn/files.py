@@ -22,6 +22,7 @@ from fitdqn.errors import UserError
 CHECKPOINT_NAME = "checkpoint.pt"  # a run's latest checkpoint: everything a resume needs
 BEST_NAME = "best.pt"  # the network with the best validation Sharpe so far: the one the run's report is about
 NETWORKS = ("best", "last")  # which network a command loads: best.pt's, or the latest checkpoint's
+STUDY_NAME = "study.json"  # a study directory's members (fitdqn.train.study), what makes a directory a study's
 TEMP_SUFFIX = ".tmp"  # temporary files are ".<name>.<random>.tmp" beside their target
 
 CAUSES = {

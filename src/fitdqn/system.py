@@ -5,8 +5,10 @@ under its allocation ledger (each part measured in plan order); the planner (:mo
 inside the memory tracer's fake mode and traces the very :meth:`System.update_step` and
 :meth:`System.collect_step` the trainer captures in CUDA graphs. Nothing here knows which of the two it serves.
 
-Allocation order (SPEC, "the rules of the budget"): replay, collector (market tensors + env state), networks
-with their optimizers; the batch was chosen before (the plan) and is an argument.
+Construction order: collector (market tensors + env state), replay, networks with their optimizers, each part
+taking its collaborators at construction (the replay the env's goal bonus and the observation of its bars); the
+budget subtracts the same fixed bytes in whatever order they are allocated. The batch was chosen before (the plan)
+and is an argument.
 """
 
 from __future__ import annotations
@@ -81,11 +83,9 @@ class System:
 
     def memory_calls(self) -> dict[str, list[tuple[object, str]]]:
         """The replay's own work in the update step, for the tracer's attribution: drawing and gathering a
-        batch (HER's relabelling inside it apart) and writing new priorities; building observations is not."""
-        calls = {ComponentName.REPLAY: [(self.replay, "batch_from_uniforms"), (self.replay, "update_priorities")]}
-        if self.replay.her is not None:
-            calls[ComponentName.HER] = [(self.replay, "her")]
-        return calls
+        batch (HER's relabelling included: it is inside the gather operator, which allocates only its results) and
+        writing new priorities; building observations is not."""
+        return {ComponentName.REPLAY: [(self.replay, "batch_from_uniforms"), (self.replay, "update_priorities")]}
 
     def memory_groups(self) -> dict[str, list[torch.nn.Module]]:
         """The modules of each memory group (online and target networks), for the tracer's attribution."""
@@ -97,7 +97,8 @@ class System:
 
 def build_system(config: Config, market: Market, device: torch.device, *, capacity: int, batch_size: int,
                  epsilon_decay_steps: int, goal_unit: float | None = None, measure: Measure = _unmeasured) -> System:
-    """The system of a resolved ``config`` on ``device``, built in plan order, each part under ``measure``.
+    """The system of a resolved ``config`` on ``device``, built in the module docstring's order, each part under
+    ``measure``.
 
     ``market``: bars and tensors (moved to ``device`` here if they are elsewhere); ``capacity``: the planned
     replay capacity; ``goal_unit``: HER's goal scale when it is known without reading the market's tensors
@@ -106,9 +107,10 @@ def build_system(config: Config, market: Market, device: torch.device, *, capaci
     sample_generator.manual_seed(config.train.seed + SAMPLE_SEED_OFFSET)
     act_generator = torch.Generator(device=device)
     act_generator.manual_seed(config.train.seed + ACT_SEED_OFFSET)
-    window = config.net.window
-    features: list[Tensor] = []  # the env's features, once built: the replay observes through them
-
+    with measure(ComponentName.COLLECTOR):
+        market = market_on(market, device)
+        env = FuturesEnv.from_config(config, "train", market=market, device=device, goal_unit=goal_unit)
+    features, window = env.features, config.net.window  # [bars, F]: the env's features, which batches observe
     observed_dtype = autocast_dtype(config.learn.precision, device)  # learner batches: what autocast would cast to
     noise = config.learn.obs_noise
     noised = slice(None) if config.learn.obs_noise_on == "all" else slice(0, NUM_FEATURES)  # token columns
@@ -118,21 +120,17 @@ def build_system(config: Config, market: Market, device: torch.device, *, capaci
         standard deviation is added where they are built, in place (a regulariser against memorising the
         training bars; no noised copy is held beside them through the update), to the columns
         ``learn.obs_noise_on`` names."""
-        tokens = build_observation(features[0], bar, agent, window, observed_dtype)  # [B, W, S]
+        tokens = build_observation(features, bar, agent, window, observed_dtype)  # [B, W, S]
         if noise > 0:
             part = tokens[..., noised]  # a view: the add lands in the tokens
             part.add_(noise * torch.randn_like(part))
         return tokens
 
     with measure(ComponentName.REPLAY):
+        # the goal bonus comes with HER's goals only (replay.her); off, the reward is the P&L's
         replay = ReplayBuffer.from_config(config, transition_spec(), capacity, goal_column=GOAL_COLUMN,
+                                          goal_reward=env.goal_reward if config.replay.her else None,
                                           observe=observe, device=device)
-    with measure(ComponentName.COLLECTOR):
-        market = market_on(market, device)
-        env = FuturesEnv.from_config(config, "train", market=market, device=device, goal_unit=goal_unit)
-        features.append(env.features)
-        if config.replay.her:  # the goal bonus comes with HER's goals only (replay.her); off, the reward is the P&L's
-            replay.goal_reward = env.goal_reward
     with measure("networks"):
         learner = Learner(config, env.state_dim, device)
         learner.set_batch_size(batch_size)

@@ -21,7 +21,7 @@ def filled(bench, capacity: int = 16 * 40):
     buffer = ReplayBuffer(bench.transition_spec(AGENT_DIM), capacity, NUM_ENVS, n_step=3, gamma=0.9,
                           episode_length=EPISODE, goal_column=bench.GOAL_COLUMN, goal_reward=bench.goal_reward,
                           prioritized=True, alpha=0.6, priority_eps=1e-6, her=True, her_k=4, tree_fanout=4,
-                          compile=False, fused=False, fused_gather=False, device="cpu")
+                          device="cpu")
     bench.fill(buffer, EPISODE, AGENT_DIM, torch.Generator().manual_seed(0))
     generator = torch.Generator().manual_seed(1)
     index = torch.randint(0, capacity - 3 * NUM_ENVS, (200,), generator=generator)

@@ -86,8 +86,8 @@ def test_a_run_captures_its_backtests_into_the_collector_pool_without_growing_it
     # the agent on validation (every epoch) and test; the rules and 3 random seeds on both (the report)
     assert {(key[0], key[1], key[3]) for key in graphs.passes} == {
         (kind, name, split) for split in ("validation", "test")
-        for kind, name in [("policy", "agent"), ("rules", ("ma_crossover", "time_series_momentum",
-                                                            "last_bar_momentum"))]
+        for kind, name in [("policy", "agent"), ("rules", ("sized_buy_and_hold", "ma_crossover",
+                                                            "time_series_momentum", "last_bar_momentum"))]
         + [("policy", f"random {s}") for s in range(3)]}
     assert all(graph is not None for _, _, graph in graphs.passes.values())
     assert graphs.grown_bytes == 0

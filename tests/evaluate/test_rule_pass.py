@@ -140,3 +140,40 @@ def test_evaluate_split_keeps_every_baseline_figure(small_config):
                                     confidence=e.confidence, seed=e.bootstrap_seed).to_json()
         assert diff == expected
     assert "sharpe_minus_rules" not in result.results["ma_crossover"]
+
+
+def test_like_for_like_baselines_and_the_rules_that_cannot_run(small_config):
+    from fitdqn.evaluate.backtest import evaluate_config
+    """Volatility sizing: a buy-and-hold through the env at the largest long level, sized as the agent's positions
+    are; a rule whose lookback the data cannot give before the split's first decision is n/a, not a flat row."""
+    from fitdqn.evaluate.baselines import SIZED_HOLD, not_applicable
+    from fitdqn.learn.learner import Learner
+    from fitdqn.market.env import position_size, resolve_reward
+
+    config = small_config(**{"market.synthetic_bars": 3000, "evaluate.bootstrap_samples": 100,
+                             "evaluate.momentum_years": 50.0})
+    market = load_market(config.market, window=config.net.window)
+    config, _ = resolve_reward(config, market)
+    per_year = market.bars_per_year
+    first = market.first_bar("test", config.net.window)
+    assert round(50 * per_year) > first  # the lookback is longer than the history before the test split
+    reasons = not_applicable(market, config, per_year, "test")
+    assert set(reasons) == {"time_series_momentum"}
+    assert reasons["time_series_momentum"].endswith(f"before its first decision; the data have {first}")
+    learner = Learner(config, FuturesEnv.from_config(config, "train", market=market, num_envs=1).state_dim, "cpu")
+    result = evaluate_split(learner, market, config, "test")
+    assert result.results["not_applicable"] == reasons
+    assert "time_series_momentum" not in result.results["policies"] and "time_series_momentum" not in result.pnl
+    assert "time_series_momentum" not in result.results["agent"]["sharpe_minus_rules"]
+    tested = result.results["agent"]["reality_check"]["baselines"]
+    assert tested == [n for n in result.pnl if n not in ("agent", "random")]
+    # the sized buy-and-hold: long at every bar, max_contracts x the env's volatility size of the decision bar
+    hold = evaluate_config(rule_policies(market, config, per_year)[SIZED_HOLD], config, "test", market=market)
+    bars = torch.as_tensor(hold.decision_bar)
+    size = position_size(market.atr[bars], market.prices[bars, 3], market.contract.tick_size,
+                         config.market.target_volatility)
+    np.testing.assert_allclose(hold.target, config.market.max_contracts * size.double().numpy(), rtol=1e-6)
+    assert (size < 1).any() and (hold.target > 0).all()
+    np.testing.assert_array_equal(result.pnl[SIZED_HOLD], hold.pnl)
+    contracts = small_config(**{"market.position_sizing": "contracts"})
+    assert SIZED_HOLD not in rule_policies(market, contracts, per_year)  # whole contracts: the plain one is

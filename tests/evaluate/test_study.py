@@ -4,12 +4,18 @@ best-by-validation networks, the joint report, `fitdqn evaluate` on the study, a
 import io
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
+import torch
 from rich.console import Console
 from support.benchmarks import load_benchmark
 
 from fitdqn.cli import main as cli
 from fitdqn.config import dump_config, load_config
+from fitdqn.deploy import act_on_bars, export_policy, load_exported, load_run_policy
+from fitdqn.evaluate.ensemble import EnsemblePolicy
+from fitdqn.evaluate.metrics import bar_returns, sharpe_ratio
 from fitdqn.train.run import print_report
 from fitdqn.train.study import member_market
 
@@ -51,18 +57,34 @@ def test_walk_forward_study_end_to_end(small_config, tmp_path, capsys):
         assert "Contract: generic" in markdown and "Account: capital" in markdown
         assert f"Code: fitdqn {report['code']['fitdqn']} (commit {report['code']['commit']})" in markdown
     # the joint report: pooled over folds, every baseline with an interval
-    assert set(summary["pooled"]) == {"agent", "buy_and_hold", "ma_crossover", "time_series_momentum",
-                                      "last_bar_momentum", "random"}
+    assert set(summary["pooled"]) == {"agent", "buy_and_hold", "sized_buy_and_hold", "ma_crossover",
+                                      "time_series_momentum", "last_bar_momentum", "random"}
     assert summary["bars"] == sum(t[1] - t[0] - 1 for t in (f["test"] for f in layout))
     assert summary["pooled"]["agent"]["sharpe_ci"]["low"] <= summary["pooled"]["agent"]["sharpe"]
     assert "sharpe_minus_buy_and_hold" in summary["pooled"]["agent"]
     assert set(summary["pooled"]["agent"]["sharpe_minus_rules"]) == {"ma_crossover", "time_series_momentum",
-                                                                     "last_bar_momentum"}
-    assert "The best rule baseline" in summary["verdict"]
+                                                                     "last_bar_momentum", "sized_buy_and_hold"}
+    assert "The best baseline sized by volatility as the agent is" in summary["verdict"]
+    assert summary["pooled"]["agent"]["reality_check"]["baselines"] == ["buy_and_hold", "sized_buy_and_hold",
+                                                                        "ma_crossover", "time_series_momentum",
+                                                                        "last_bar_momentum"]
+    assert "baselines at once" in summary["verdict"]
     # which code trained the members: every member's report says, and the study lists each version once
     assert summary["member_code"] == [json.loads((study_dir / members[0]["dir"] / "report.json").read_text())["code"]]
     assert set(summary["member_code"][0]) == {"fitdqn", "commit", "torch"}
     assert summary["verdict"].startswith("Across 2 seeds x 2 walk-forward folds")
+    # the headline is the study's ensemble, each fold's from the members trained on that fold, beside the members
+    assert summary["agent_book"] == "ensemble" and "the study's ensemble" in summary["verdict"]
+    assert "seeds' average book" in summary["verdict"] and summary["average_book"]["sharpe"] is not None
+    ensemble = pd.read_csv(study_dir / "ensemble_test_pnl.csv")
+    capital = {m["fold"]: json.loads((study_dir / m["dir"] / "report.json").read_text())["test"]["capital"]
+               for m in members}
+    returns = np.concatenate([bar_returns(ensemble[ensemble["fold"] == f]["pnl"].to_numpy(), capital[f])
+                              for f in (0, 1)])
+    assert len(returns) == summary["bars"]
+    assert summary["pooled"]["agent"]["sharpe"] == pytest.approx(sharpe_ratio(returns, summary["periods_per_year"]))
+    assert [f["agent_book_sharpe"] is not None for f in summary["per_fold"]] == [True, True]
+    check_study_policy(study_dir, ensemble[ensemble["fold"] == 1], tmp_path)
     table = (out / "real_bars.md").read_text()
     assert "| synthetic | MA 50/200 |" in table and "| synthetic | last-bar momentum |" in table
     top = (study_dir / "report.md").read_text()
@@ -85,6 +107,29 @@ def test_walk_forward_study_end_to_end(small_config, tmp_path, capsys):
     assert "--network last" in capsys.readouterr().err
     assert cli(["evaluate", str(member), "--device", "cpu", "--network", "last"]) == 0
     assert json.loads((member / "evaluate_test.json").read_text())["network"] == "last"
+
+
+def check_study_policy(study_dir, latest, tmp_path):
+    """`act` and `export` on a study: the ensemble of its latest fold, the one its report's last fold traded."""
+    policy = load_run_policy(study_dir, "cpu")
+    assert len(policy.members) == 2 and all(d.name == "fold_1" for d in policy.member_dirs)
+    member = policy.member_dirs[0]
+    view = member_market(load_config(member / "config.toml"), member)
+    first = view.first_bar("test", policy.config.net.window)
+    frame = act_on_bars(policy, view.bars, start=view.bars["timestamp"].iloc[first])
+    n = len(latest)
+    assert len(frame) == n + 1  # and the decision at the last bar, to trade at the next open
+    # the decisions from the fold's first test bar are the ensemble's test backtest (its last step liquidates)
+    np.testing.assert_allclose(frame["pnl"].to_numpy()[:n - 1], latest["pnl"].to_numpy()[:n - 1], rtol=1e-6,
+                               atol=1e-6)
+    assert len(np.unique(frame["target"])) > 2  # positions between the members' levels: the mean of two
+    program, meta = load_exported(export_policy(policy, tmp_path / "ensemble.pt2"))
+    obs = torch.randn(9, policy.config.net.window, policy.learner.state_dim)
+    actions, q = program.module()(obs)
+    assert torch.equal(actions, EnsemblePolicy(policy.members, policy.member_levels())(obs))
+    assert q.shape == (9, 2, 3, 5) and meta["branches"]["target_contracts"] == policy.levels()
+    assert meta["ensemble"]["members"] == [str(d) for d in policy.member_dirs]
+    assert cli(["act", str(study_dir), "--data", "synthetic", "--out", str(tmp_path / "actions.csv")]) == 0
 
 
 def test_printed_reports_do_not_wrap_in_a_pipe():

@@ -30,7 +30,7 @@ from fitdqn.market.features import NUM_FEATURES, WARMUP
 from fitdqn.market.loader import load_market, market_bytes
 from fitdqn.market.observation import build_observation
 from fitdqn.ops.replay_gather import GoalCrossing
-from fitdqn.replay.spec import check_rows
+from fitdqn.transitions import check_rows
 
 # multiplier 50, tick 0.25, commission 2.5 per contract per fill, slippage 1 tick = 0.25 points = 12.5 cash
 TEST_CONTRACT = ContractSpec("test", multiplier=50.0, tick_size=0.25, commission=2.5, slippage_ticks=1.0)

@@ -10,7 +10,7 @@ from support.env import env_options
 from fitdqn.config import Config
 from fitdqn.market.env import FuturesEnv
 from fitdqn.market.loader import load_market
-from fitdqn.ops.replay_gather import EPISODE_END
+from fitdqn.transitions import EPISODE_END
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

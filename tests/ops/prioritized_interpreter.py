@@ -25,7 +25,7 @@ def tree(leaves: int, fanout: int, zero_share: float, seed: int):
     from fitdqn.replay.sum_tree import SumTree
 
     generator = torch.Generator().manual_seed(seed)
-    made = SumTree(leaves, fanout, "cpu", use_triton=False)
+    made = SumTree(leaves, fanout, "cpu")  # on the CPU: the torch maths
     values = torch.rand(leaves, generator=generator, dtype=torch.float64) ** 2
     values[torch.rand(leaves, generator=generator) < zero_share] = 0.0
     made.update_max(torch.arange(leaves), values)

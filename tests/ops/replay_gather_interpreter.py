@@ -1,11 +1,11 @@
 """The replay gather's Triton kernel on the CPU, under Triton's interpreter: run as a script by
 ``test_replay_gather.py`` (``python replay_gather_interpreter.py`` with ``TRITON_INTERPRET=1``), prints one JSON line.
 
-In this process the Triton launcher is registered as the *CPU* kernel of ``fitdqn::replay_gather``, so a fused
-:class:`~fitdqn.replay.ReplayBuffer` gathers through the operator and the kernel end to end on CPU tensors; the same
-buffer unfused is the torch maths, the oracle. Each case fills a ring from :class:`support.replay_reference.FakeEnv`
-(episodes of ``LENGTH`` steps, some cut short by terminal steps) and gathers every sampleable slot several times,
-with strided uniforms.
+In this process the Triton launcher is registered as the *CPU* kernel of ``fitdqn::replay_gather``, so a
+:class:`~fitdqn.replay.ReplayBuffer` gathers through the operator and the kernel end to end on CPU tensors; the torch
+maths on the same ring (:func:`torch_maths_batch`) is the oracle. Each case fills a ring from
+:class:`support.replay_reference.FakeEnv` (episodes of ``LENGTH`` steps, some cut short by terminal steps) and gathers
+every sampleable slot several times, with strided uniforms.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ ROWS = ("agent", "next_agent")
 
 
 def filled(n_step: int, her: bool, bonus: bool, terminal: float, terminal_sets_end: bool, steps: int, written: int,
-           fused: bool, device: str = "cpu", seed: int = 0):
+           device: str = "cpu", seed: int = 0):
     """A buffer of ``steps`` ring steps after ``written`` FakeEnv steps."""
     from support.replay_reference import FakeEnv, buffer_options, transition_spec
 
@@ -47,11 +47,30 @@ def filled(n_step: int, her: bool, bonus: bool, terminal: float, terminal_sets_e
 
     env = FakeEnv(NUM_ENVS, LENGTH, terminal, terminal_sets_end=terminal_sets_end, seed=seed)
     buffer = ReplayBuffer(transition_spec(), steps * NUM_ENVS, NUM_ENVS, **buffer_options(
-        n_step=n_step, gamma=GAMMA, episode_length=LENGTH, her=her, fused=fused, fused_gather=fused, device=device),
+        n_step=n_step, gamma=GAMMA, episode_length=LENGTH, her=her, device=device),
         goal_reward=GoalCrossing(BONUS) if bonus else None)
     for _ in range(written):
         buffer.write({name: row.to(device) for name, row in env.step().items()})
     return buffer
+
+
+def operator_inputs(buffer, index: torch.Tensor, uniform: torch.Tensor) -> tuple:
+    """The arguments of ``fitdqn::replay_gather`` for slots ``index [B]`` of ``buffer``'s ring."""
+    f = buffer.storage.fields
+    bonus = None if buffer.goal_reward is None else buffer.goal_reward.bonus
+    return (f["agent"], f["next_agent"], f["bar"], f["action"], f["reward"], f["achieved"], f["episode_step"],
+            f["flags"], index, uniform, buffer.storage.written, buffer.gamma_powers, buffer.n_step, buffer.num_envs,
+            buffer.episode_length, buffer.relabel_probability, buffer.goal_column, bonus)
+
+
+def torch_maths_batch(buffer, index: torch.Tensor, uniform: torch.Tensor) -> dict:
+    """The batch :meth:`~fitdqn.replay.ReplayBuffer.gather_with_uniforms` returns, by the operator's torch maths
+    (its CPU kernel) called directly, on any device."""
+    from fitdqn.ops.replay_gather import gather_maths
+    from fitdqn.replay.buffer import BATCH_KEYS
+
+    batch = gather_maths(*operator_inputs(buffer, index, uniform))
+    return {**dict(zip(BATCH_KEYS, batch, strict=True)), "index": index}
 
 
 def sampleable(buffer, written: int, repeats: int) -> torch.Tensor:
@@ -74,14 +93,15 @@ def compared(fused: dict, plain: dict) -> dict:
 def coverage(buffer, batch: dict, index: torch.Tensor) -> dict:
     """How many samples of the torch maths' batch were relabelled, were paid a goal bonus, and were cut short by a
     terminal step or an episode's end: what a case exercises."""
-    from fitdqn.ops.replay_gather import nstep_window
+    from fitdqn.ops.replay_gather import nstep_window, window_offsets
 
     fields, column = buffer.storage.fields, buffer.goal_column
     goal = batch["agent"][:, column]  # [B] the goal used
 
     def window(goal_reward):
+        offsets = window_offsets(buffer.n_step, buffer.num_envs, index.device)
         return nstep_window(index, goal, reward=fields["reward"], achieved=fields["achieved"], flags=fields["flags"],
-                            offsets=buffer.offsets, gamma_powers=buffer.gamma_powers, goal_reward=goal_reward)
+                            offsets=offsets, gamma_powers=buffer.gamma_powers, goal_reward=goal_reward)
 
     last = window(None).last  # [B] the window's last slot
     cut = last != torch.remainder(index + (buffer.n_step - 1) * buffer.num_envs, buffer.capacity)  # [B] m < n
@@ -93,14 +113,12 @@ def coverage(buffer, batch: dict, index: torch.Tensor) -> dict:
 
 
 def run_case(name, n_step, her, bonus, terminal, terminal_sets_end, steps, written):
-    buffer = filled(n_step, her, bonus, terminal, terminal_sets_end, steps, written, fused=True)
+    buffer = filled(n_step, her, bonus, terminal, terminal_sets_end, steps, written)
     generator = torch.Generator().manual_seed(n_step + steps)
     index = sampleable(buffer, written, repeats=4)
     uniform = torch.rand(index.numel(), 3, generator=generator, dtype=torch.float64)[:, 1:]  # strided, as sampled
-    assert buffer.gathers_fused()
-    fused = buffer.gather_with_uniforms(index, uniform)
-    buffer.fused = False  # the same ring through the torch maths
-    plain = buffer.gather_with_uniforms(index, uniform)
+    fused = buffer.gather_with_uniforms(index, uniform)  # the operator: the Triton kernel registered for the CPU
+    plain = torch_maths_batch(buffer, index, uniform)  # the same ring through the torch maths
     return {**compared(fused, plain), **coverage(buffer, plain, index), "wrapped": written > steps}
 
 

@@ -4,7 +4,6 @@ the torch maths; the fake kernels allocate what the Triton path allocates."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ from support.replay_reference import FakeEnv, buffer_options, goal_reward, trans
 from torch._subclasses.fake_tensor import FakeTensorMode
 from triton_interpreter import run_under_interpreter
 
-from fitdqn.config import Config
 from fitdqn.device.graphs import capture_graph
 from fitdqn.ops import prioritized
 from fitdqn.replay import ReplayBuffer
@@ -39,31 +37,36 @@ def test_triton_kernels_under_the_interpreter_match_the_reference(interpreted, c
 
 # ----------------------------------------------------------------------------------------------- on the CPU
 
-def filled(fused: bool, device: str = "cpu", seed: int = 3) -> ReplayBuffer:
+def filled(device: str = "cpu", seed: int = 3) -> ReplayBuffer:
     env = FakeEnv(64, 12, 0.05, seed=seed)
     buffer = ReplayBuffer(transition_spec(), 64 * 30, 64, **buffer_options(
-        n_step=3, gamma=0.95, episode_length=12, device=device, fused=fused), goal_reward=goal_reward)
+        n_step=3, gamma=0.95, episode_length=12, device=device), goal_reward=goal_reward)
     for _ in range(45):
         buffer.write({k: v.to(device) for k, v in env.step().items()})
     return buffer
 
 
-def test_fused_buffer_on_the_cpu_samples_and_updates_as_the_unfused_one():
-    """The operators' CPU kernels are the torch maths: the same batches, leaves, nodes and running max."""
-    fused, plain = filled(fused=True), filled(fused=False)
+def test_the_replay_on_the_cpu_draws_and_updates_by_the_torch_maths():
+    """The operators' CPU kernels are the torch maths: the replay's draws and its tree after updates are those of
+    :func:`prioritized.draw_reference` and :func:`prioritized.update_reference` on a copy of its tree."""
+    buffer = filled()
+    sampler = buffer.sampler
+    levels, max_priority = [level.clone() for level in sampler.tree.levels], sampler.max_priority.clone()
+    s = buffer.storage
     beta = torch.tensor(0.6, dtype=torch.float64)
     for round_ in range(3):
-        uniform = torch.rand(512, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(round_))
-        a, b = fused.batch_from_uniforms(uniform, beta), plain.batch_from_uniforms(uniform, beta)
-        assert a.keys() == b.keys()
-        for key in a:
-            assert torch.equal(a[key], b[key]), key
-        priorities = a["reward"].abs() * (round_ + 1)
-        fused.update_priorities(a["index"], priorities)
-        plain.update_priorities(b["index"], priorities)
-    for x, y in zip(fused.sampler.tree.levels, plain.sampler.tree.levels, strict=True):
+        uniform = torch.rand(512, dtype=torch.float64, generator=torch.Generator().manual_seed(round_))
+        index, weight = sampler.draw(uniform, beta)
+        expected = prioritized.draw_reference(levels, uniform, s.written, beta, sampler.tree.fanout,
+                                              sampler.tree.num_leaves, s.steps, buffer.n_step, s.num_envs)
+        assert torch.equal(index, expected[0]) and torch.equal(weight, expected[1])
+        priorities = torch.rand(512, generator=torch.Generator().manual_seed(10 + round_)) * (round_ + 1)
+        sampler.update(index, priorities)
+        prioritized.update_reference(levels, max_priority, index, priorities, sampler.alpha, sampler.eps,
+                                     sampler.tree.fanout)
+    for x, y in zip(sampler.tree.levels, levels, strict=True):
         assert torch.equal(x, y)
-    assert torch.equal(fused.sampler.max_priority, plain.sampler.max_priority)
+    assert torch.equal(sampler.max_priority, max_priority)
 
 
 def test_fake_kernels_allocate_the_results_only():
@@ -81,37 +84,30 @@ def test_fake_kernels_allocate_the_results_only():
                                               torch.zeros(1000), 0.6, 1e-3, 64) is None
 
 
-def test_the_buffer_follows_the_resolved_kernels():
-    config = Config()
-    spec = transition_spec()
-    for kernels, fused in (("triton", True), ("torch", False)):
-        made = dataclasses.replace(config, net=dataclasses.replace(config.net, kernels=kernels))
-        buffer = ReplayBuffer.from_config(made, spec, 64 * 8, goal_column=5, device="cpu", num_envs=64)
-        assert buffer.sampler.fused is fused
-
-
 # --------------------------------------------------------------------------------------------------- on CUDA
 
 @cuda
-def test_fused_draw_and_update_on_cuda_match_the_eager_maths():
-    fused, plain = filled(fused=True, device="cuda"), filled(fused=False, device="cuda")
-    beta = torch.tensor(0.6, device="cuda", dtype=torch.float64)
+def test_draw_and_update_on_cuda_match_the_cpu():
+    """The same rows in a CUDA replay (the Triton kernels where Triton is installed) and a CPU one (the torch
+    maths): the same leaves drawn, the same weights and tree within float rounding."""
+    fused, plain = filled(device="cuda"), filled()
+    beta = torch.tensor(0.6, dtype=torch.float64)
     for round_ in range(3):
-        uniform = torch.rand(2048, 3, device="cuda", dtype=torch.float64)
-        a, b = fused.batch_from_uniforms(uniform, beta), plain.batch_from_uniforms(uniform, beta)
-        assert torch.equal(a["index"], b["index"])
-        torch.testing.assert_close(a["weight"], b["weight"], rtol=1e-6, atol=0)
-        priorities = a["reward"].abs() * (round_ + 1)
-        fused.update_priorities(a["index"], priorities)
+        uniform = torch.rand(2048, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(round_))
+        a, b = fused.batch_from_uniforms(uniform.cuda(), beta.cuda()), plain.batch_from_uniforms(uniform, beta)
+        assert torch.equal(a["index"].cpu(), b["index"])
+        torch.testing.assert_close(a["weight"].cpu(), b["weight"], rtol=1e-6, atol=0)
+        priorities = b["reward"].abs() * (round_ + 1)
+        fused.update_priorities(a["index"], priorities.cuda())
         plain.update_priorities(b["index"], priorities)
     for x, y in zip(fused.sampler.tree.levels, plain.sampler.tree.levels, strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-13, atol=0)
-    torch.testing.assert_close(fused.sampler.max_priority, plain.sampler.max_priority, rtol=1e-14, atol=0)
+        torch.testing.assert_close(x.cpu(), y, rtol=1e-13, atol=0)
+    torch.testing.assert_close(fused.sampler.max_priority.cpu(), plain.sampler.max_priority, rtol=1e-14, atol=0)
 
 
 @cuda
-def test_fused_sampling_captures_in_a_cuda_graph():
-    buffer = filled(fused=True, device="cuda")
+def test_sampling_captures_in_a_cuda_graph():
+    buffer = filled(device="cuda")
     beta = torch.tensor(0.5, device="cuda", dtype=torch.float64)
 
     def step():

@@ -1,7 +1,6 @@
 """``fitdqn::replay_gather``, the replay's batch gather as one operator: its Triton kernel (under Triton's interpreter,
-and compiled on a GPU, in a CUDA graph too) gives the torch maths' batches; its CPU kernel, and the buffer's torch
-path, are the gather as it was before the operator, bit for bit; its fake kernel allocates what the real kernels
-return."""
+and compiled on a GPU, in a CUDA graph too) gives the torch maths' batches; its CPU kernel, through the replay, is
+the gather as it was before the operator, bit for bit; its fake kernel allocates what the real kernels return."""
 
 from __future__ import annotations
 
@@ -10,15 +9,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from replay_gather_interpreter import CASES, GAMMA, INTEGERS, LENGTH, ROWS, filled, sampleable
-from support.replay_reference import GOAL_COLUMN, buffer_options, gather_at_4a736f8, goal_reward, transition_spec
+from replay_gather_interpreter import (
+    CASES,
+    GAMMA,
+    INTEGERS,
+    LENGTH,
+    ROWS,
+    filled,
+    operator_inputs,
+    sampleable,
+    torch_maths_batch,
+)
+from support.replay_reference import buffer_options, gather_at_4a736f8
 from torch._subclasses.fake_tensor import FakeTensorMode
 from triton_interpreter import run_under_interpreter
 
-from fitdqn.config import Config, with_overrides
 from fitdqn.device.graphs import capture_graph
 from fitdqn.ops.replay_gather import GoalCrossing, powers_of_gamma, replay_gather
-from fitdqn.replay import ReplayBuffer
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 RETURN_TOLERANCE = 1e-6  # relative: fp32 sums of up to n terms in another order
@@ -47,50 +54,37 @@ def test_triton_kernel_under_the_interpreter_matches_the_torch_maths(interpreted
 
 # ----------------------------------------------------------------------------------------------- on the CPU
 
-GOAL_REWARDS = {"crossing": GoalCrossing(0.5), "none": None, "other": goal_reward}  # 'other': the torch maths only
-
-
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "torch"])
-@pytest.mark.parametrize("bonus", sorted(GOAL_REWARDS))
+@pytest.mark.parametrize("bonus", [True, False], ids=["bonus", "no-bonus"])
 @pytest.mark.parametrize("her", [True, False], ids=["her", "no-her"])
 @pytest.mark.parametrize("n_step", [1, 3, 5])
-def test_the_gather_is_the_one_before_the_operator_bit_for_bit(n_step, her, bonus, fused):
-    """Through a ReplayBuffer on the CPU: the operator (its CPU kernel: the torch maths) where fused and the goal
-    bonus is a GoalCrossing or none, else the torch maths op by op; either way the batches of commit 4a736f8."""
+def test_the_gather_is_the_one_before_the_operator_bit_for_bit(n_step, her, bonus):
+    """Through a ReplayBuffer on the CPU (the operator's CPU kernel: the torch maths): the batches of commit
+    4a736f8."""
     steps, written = 20, 53  # the ring has wrapped
-    buffer = filled(n_step, her, False, 0.2, True, steps, written, fused=fused)
-    buffer.goal_reward = GOAL_REWARDS[bonus]
-    assert buffer.gathers_fused() == (fused and bonus != "other")
+    buffer = filled(n_step, her, bonus, 0.2, True, steps, written)
     index = sampleable(buffer, written, repeats=3)
     uniform = torch.rand(index.numel(), 3, generator=torch.Generator().manual_seed(n_step),
                          dtype=torch.float64)[:, 1:]
     batch = buffer.gather_with_uniforms(index, uniform)
     before = gather_at_4a736f8(buffer.storage, index, uniform, n_step=n_step, gamma=GAMMA, episode_length=LENGTH,
                                her_k=buffer_options()["her_k"] if her else None, goal_column=buffer.goal_column,
-                               goal_reward=GOAL_REWARDS[bonus])
+                               goal_reward=buffer.goal_reward)
     assert list(batch) == list(before)
     for key in before:
         assert batch[key].dtype == before[key].dtype and torch.equal(batch[key], before[key]), key
-
-
-def operator_inputs(buffer, index: torch.Tensor, uniform: torch.Tensor, bonus: float | None) -> tuple:
-    f = buffer.storage.fields
-    return (f["agent"], f["next_agent"], f["bar"], f["action"], f["reward"], f["achieved"], f["episode_step"],
-            f["flags"], index, uniform, buffer.storage.written, buffer.gamma_powers, buffer.n_step, buffer.num_envs,
-            buffer.episode_length, buffer.relabel_probability, buffer.goal_column, bonus)
 
 
 @pytest.mark.parametrize("batch_size", [0, 37])
 def test_the_fake_kernel_allocates_what_the_real_kernel_returns(batch_size):
     """Shapes, dtypes and devices of the seven results, real (the CPU kernel) and fake (what the planner's trace of a
     CUDA target sees: the Triton path allocates these and nothing else)."""
-    buffer = filled(3, True, True, 0.1, True, 12, 30, fused=True)
+    buffer = filled(3, True, True, 0.1, True, 12, 30)
     index = sampleable(buffer, 30, repeats=1)[:batch_size]
     uniform = torch.rand(batch_size, 3, dtype=torch.float64)[:, 1:]
-    real = replay_gather(*operator_inputs(buffer, index, uniform, 0.5))
+    real = replay_gather(*operator_inputs(buffer, index, uniform))
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake_inputs = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t
-                       for t in operator_inputs(buffer, index, uniform, 0.5)]
+                       for t in operator_inputs(buffer, index, uniform)]
         fake = replay_gather(*fake_inputs)
     assert len(fake) == len(real) == 7
     for a, b in zip(fake, real, strict=True):
@@ -100,9 +94,9 @@ def test_the_fake_kernel_allocates_what_the_real_kernel_returns(batch_size):
 
 
 def test_bad_inputs_are_refused():
-    buffer = filled(3, False, False, 0.1, True, 12, 30, fused=True)
+    buffer = filled(3, False, False, 0.1, True, 12, 30)
     index = sampleable(buffer, 30, repeats=1)
-    inputs = list(operator_inputs(buffer, index, torch.rand(index.numel(), 2, dtype=torch.float64), None))
+    inputs = list(operator_inputs(buffer, index, torch.rand(index.numel(), 2, dtype=torch.float64)))
     for position, bad in ((8, index.int()), (9, torch.rand(index.numel(), 3, dtype=torch.float64)),
                           (11, powers_of_gamma(4, 0.9, "cpu")), (16, 99)):
         wrong = [*inputs]
@@ -133,20 +127,17 @@ def assert_same_batch(fused: dict, plain: dict) -> None:
 @cuda
 @pytest.mark.parametrize(("n_step", "her", "bonus"), list(itertools.product([1, 3, 5], [True, False], [True, False])))
 def test_the_cuda_operator_matches_the_torch_maths(n_step, her, bonus):
-    pytest.importorskip("triton")
-    buffer = filled(n_step, her, bonus, 0.2, False, 20, 53, fused=True, device="cuda")
-    assert buffer.gathers_fused()
+    """The replay's gather on CUDA (the Triton kernel where Triton is installed, else the torch maths) against the
+    torch maths on the same ring."""
+    buffer = filled(n_step, her, bonus, 0.2, False, 20, 53, device="cuda")
     index = sampleable(buffer, 53, repeats=5)
     uniform = torch.rand(index.numel(), 3, device="cuda", dtype=torch.float64)[:, 1:]
-    fused = buffer.gather_with_uniforms(index, uniform)
-    buffer.fused = False
-    assert_same_batch(fused, buffer.gather_with_uniforms(index, uniform))
+    assert_same_batch(buffer.gather_with_uniforms(index, uniform), torch_maths_batch(buffer, index, uniform))
 
 
 @cuda
 def test_the_cuda_operator_captures_in_a_cuda_graph():
-    pytest.importorskip("triton")
-    buffer = filled(3, True, True, 0.2, True, 20, 53, fused=True, device="cuda")
+    buffer = filled(3, True, True, 0.2, True, 20, 53, device="cuda")
     slots = sampleable(buffer, 53, repeats=1)
     generator = torch.Generator("cuda").manual_seed(0)
     index = slots[torch.randint(slots.numel(), (1000,), device="cuda", generator=generator)]  # static inputs
@@ -157,19 +148,5 @@ def test_the_cuda_operator_captures_in_a_cuda_graph():
         index.copy_(slots[torch.randint(slots.numel(), (1000,), device="cuda", generator=generator)])
         uniform.copy_(torch.rand(1000, 2, device="cuda", dtype=torch.float64))
         graph.replay()
-        buffer.fused = False
         assert_same_batch({key: value.clone() for key, value in batch.items()},
-                          buffer.gather_with_uniforms(index, uniform))
-        buffer.fused = True
-
-
-@pytest.mark.parametrize("fused_gather", [False, True])
-def test_the_config_chooses_the_operator(fused_gather):
-    """replay.fused_gather (on by default) with the Triton kernel set: the buffer a run builds gathers through
-    fitdqn::replay_gather once the env's goal bonus is set; without the Triton kernel set it never does."""
-    assert Config().replay.fused_gather is True
-    for kernels, fused in (("triton", fused_gather), ("torch", False)):
-        config = with_overrides(Config(), {"replay.fused_gather": fused_gather, "net.kernels": kernels})
-        buffer = ReplayBuffer.from_config(config, transition_spec(), 64 * 30, goal_column=GOAL_COLUMN, device="cpu",
-                                          goal_reward=GoalCrossing(0.5), num_envs=64)
-        assert buffer.gathers_fused() == fused
+                          torch_maths_batch(buffer, index, uniform))

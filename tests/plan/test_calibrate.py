@@ -247,7 +247,7 @@ def test_calibrate_on_the_gpu():
     from fitdqn.plan.calibrate import calibrate
 
     config = for_device(with_overrides(Config(), {**TINY, "learn.precision": "auto", "collect.num_envs": 256,
-                                                  "replay.compile": False, "budget.batch_size": 0}), "cuda")
+                                                  "budget.batch_size": 0}), "cuda")
     device = probe("cuda")
     inputs = PlanInputs.from_config(config)
     cal = calibrate(config, device, inputs.num_bars, (64, 256))

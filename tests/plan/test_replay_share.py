@@ -6,8 +6,9 @@ from support.replay_reference import transition_spec
 from fitdqn.config import Config, with_overrides
 from fitdqn.errors import UserError
 from fitdqn.plan.replay_share import replay_component, replay_fixed_bytes
-from fitdqn.replay import ReplayBuffer, bytes_per_transition
+from fitdqn.replay import ReplayBuffer
 from fitdqn.replay.sum_tree import sum_tree_bytes
+from fitdqn.transitions import bytes_per_transition
 
 
 def config(**replay):

@@ -1,3 +1,5 @@
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -18,12 +20,12 @@ GAMMA = 0.9
 
 
 def filled(num_envs=4, steps=13, written=31, length=6, n_step=3, terminal=0.15, her=False,
-           prioritized=True, with_goal_reward=True, terminal_sets_end=True, seed=0):
+           prioritized=True, with_goal_reward=True, terminal_sets_end=True, seed=0, observe=None):
     env = FakeEnv(num_envs, length, terminal, terminal_sets_end=terminal_sets_end, seed=seed)
     buffer = ReplayBuffer(
         transition_spec(), steps * num_envs, num_envs, **buffer_options(
             n_step=n_step, gamma=GAMMA, episode_length=length, prioritized=prioritized, her=her),
-        goal_reward=goal_reward if with_goal_reward else None,
+        goal_reward=goal_reward if with_goal_reward else None, observe=observe,
     )
     for _ in range(written):
         buffer.write(env.step())
@@ -198,25 +200,57 @@ def test_early_fill_uniform_window():
 
 
 def test_observe_callable_builds_obs():
-    buffer, _ = filled(written=20)
-    buffer.observe = lambda bar, agent: torch.cat([bar.float().unsqueeze(1), agent], 1).unsqueeze(1)
+    buffer, _ = filled(written=20, observe=lambda bar, agent: torch.cat([bar.float().unsqueeze(1), agent], 1)[:, None])
     batch = buffer.sample(16, 0.4, torch.Generator().manual_seed(0))
     assert batch["obs"].shape == (16, 1, 7)
     assert torch.equal(batch["next_obs"][:, 0, 0], batch["next_bar"].float())
 
 
+def saved_and_loaded(state: dict) -> dict:
+    """``state`` through ``torch.save`` and ``torch.load(weights_only=True)``, as a checkpoint holds it."""
+    stream = io.BytesIO()
+    torch.save(state, stream)
+    stream.seek(0)
+    return torch.load(stream, weights_only=True)
+
+
+def stored_bytes(state: dict) -> int:
+    """Bytes of the storages the tensors of a nested ``state`` keep alive: what ``torch.save`` writes."""
+    if isinstance(state, torch.Tensor):
+        return state.untyped_storage().nbytes()
+    return sum(stored_bytes(value) for value in state.values()) if isinstance(state, dict) else 0
+
+
+def assert_same_contents(one: ReplayBuffer, two: ReplayBuffer) -> None:
+    """The same rows, step counter, tree and running max (scratch tensors apart)."""
+    tensors = [[*b.storage.fields.values(), b.storage.written] for b in (one, two)]
+    if one.prioritized:
+        for b, listed in zip((one, two), tensors, strict=True):
+            listed += [*b.sampler.tree.levels, b.sampler.max_priority]
+    for a, b in zip(*tensors, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("written", [7, 13, 27], ids=["part-filled", "just-full", "wrapped"])
 @pytest.mark.parametrize("prioritized", [True, False])
-def test_state_dict_resumes_exactly(prioritized):
-    buffer, env = filled(written=27, prioritized=prioritized, her=True)
+def test_state_dict_holds_the_filled_part_and_resumes_exactly(prioritized, written):
+    """The state holds the ring's filled rows and the tree's leaves up to them, each tensor owning no more bytes
+    than it shows (a view would save its whole buffer); through torch.save and back the buffer samples and updates as
+    the original, bit for bit."""
+    buffer, env = filled(written=written, prioritized=prioritized, her=True)  # 13 ring steps of 4 envs
     buffer.update_priorities(torch.arange(0, 20), torch.rand(20))
-    state = {k: v for k, v in buffer.state_dict().items()}
-    saved = {
-        **state,
-        "storage": {k: v.clone() for k, v in state["storage"].items()},
-        "sampler": {k: v.clone() for k, v in state["sampler"].items()},
-    }
+    state = buffer.state_dict()
+    filled_slots = min(written, buffer.storage.steps) * buffer.num_envs
+    assert all(t.shape[0] == filled_slots for key, t in state["storage"].items() if key.startswith("field."))
+    shown = sum(t.numel() * t.element_size() for part in ("storage", "sampler") for t in state[part].values())
+    assert stored_bytes(state) == shown
+    if prioritized:
+        tree = buffer.sampler.tree
+        leaves = state["sampler"][f"tree.level{len(tree.levels) - 1}"]
+        assert leaves.shape[0] == (filled_slots if filled_slots < buffer.capacity else tree.leaves.shape[0])
     fresh, _ = filled(written=0, prioritized=prioritized, her=True)
-    fresh.load_state_dict(saved)
+    fresh.load_state_dict(saved_and_loaded(state))
+    assert_same_contents(buffer, fresh)
     rows = env.step()
     for b in (buffer, fresh):
         b.write({k: v.clone() for k, v in rows.items()})
@@ -224,11 +258,22 @@ def test_state_dict_resumes_exactly(prioritized):
     two = fresh.sample(64, 0.5, torch.Generator().manual_seed(7))
     for key in one:
         assert torch.equal(one[key], two[key]), key
+    for b, batch in ((buffer, one), (fresh, two)):
+        b.update_priorities(batch["index"], batch["reward"].abs())
+    assert_same_contents(buffer, fresh)
     other, _ = filled(written=0, steps=14)
     with pytest.raises(ValueError, match="capacity"):
-        other.load_state_dict(saved)
+        other.load_state_dict(state)
 
 
 def test_capacity_too_small_for_n_step():
     with pytest.raises(ValueError, match="n_step"):
         ReplayBuffer(transition_spec(), 8, 4, **buffer_options(n_step=3))
+
+
+def test_a_goal_reward_the_gather_operator_does_not_take_is_refused():
+    """The gather operator takes the env's kind of goal bonus (a GoalCrossing) or none: any other callable is
+    refused at construction, saying what is taken."""
+    with pytest.raises(TypeError, match="GoalCrossing"):
+        ReplayBuffer(transition_spec(), 40, 4, **buffer_options(n_step=3),
+                     goal_reward=lambda before, after, goal: after - before)

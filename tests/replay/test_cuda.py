@@ -1,9 +1,11 @@
-"""The CUDA fast paths against the eager torch reference (skipped without CUDA)."""
+"""The replay on CUDA against the torch maths (skipped without CUDA)."""
 
 import pytest
 import torch
 from support.replay_reference import FakeEnv, buffer_options, goal_reward, transition_spec
 
+from fitdqn.ops import prioritized as prioritized_ops
+from fitdqn.ops import replay_gather as replay_gather_ops
 from fitdqn.ops import sum_tree as sum_tree_ops
 from fitdqn.replay import ReplayBuffer, SumTree
 
@@ -15,42 +17,35 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
                     else True, reason="needs Triton")
 @pytest.mark.parametrize("fanout", [2, 16, 24, 64])
 def test_triton_rebuild_matches_torch(fanout):
+    """The tree's rebuild on CUDA (the Triton kernel) against the torch maths on copies of the same levels."""
     torch.manual_seed(fanout)
     n = 100_003
-    fast, ref = SumTree(n, fanout, "cuda", use_triton=True), SumTree(n, fanout, "cuda", use_triton=False)
+    fast = SumTree(n, fanout, "cuda")
+    ref = [level.clone() for level in fast.levels]
     for _ in range(20):
         index = torch.randint(0, n, (4096,), device="cuda")
         values = torch.rand(4096, device="cuda", dtype=torch.float64)
         fast.update_max(index, values)
-        ref.update_max(index, values)
-    assert torch.equal(fast.leaves, ref.leaves)
-    for a, b in zip(fast.levels, ref.levels, strict=True):
+        ref[-1].scatter_reduce_(0, index, values, reduce="amax", include_self=False)
+        sum_tree_ops.propagate_reference(ref, index, fanout)
+    assert torch.equal(fast.leaves, ref[-1])
+    for a, b in zip(fast.levels, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=0)
 
 
 @cuda
-def test_compiled_sampling_matches_eager():
-    env = FakeEnv(64, 12, 0.05, seed=3)
-    buffer = ReplayBuffer(transition_spec(), 64 * 30, 64, **buffer_options(
-        n_step=3, gamma=0.95, episode_length=12, device="cuda"), goal_reward=goal_reward)
-    for _ in range(45):
-        buffer.write({k: v.cuda() for k, v in env.step().items()})
-    buffer.update_priorities(torch.arange(0, 1500, 7, device="cuda"), torch.rand(215, device="cuda"))
-    uniform = torch.rand(2048, 3, device="cuda", dtype=torch.float64)
-    beta = torch.tensor(0.6, device="cuda", dtype=torch.float64)
-    eager = buffer.batch_from_uniforms(uniform, beta)
-    buffer.use_compiled(True)
-    compiled = buffer.batch_from_uniforms(uniform, beta)
-    assert torch.equal(eager["index"], compiled["index"])
-    for key in eager:
-        torch.testing.assert_close(compiled[key], eager[key], rtol=1e-5, atol=1e-6)
-
-
-@cuda
-def test_sample_and_update_capture_in_a_cuda_graph():
+@pytest.mark.parametrize("triton", [True, False], ids=["triton", "torch-maths"])
+def test_sample_and_update_capture_in_a_cuda_graph(triton, monkeypatch):
+    """The replay's step in a CUDA graph, with its operators' Triton kernels and with Triton off (their CUDA kernels
+    then run the torch maths, which must be capturable too)."""
+    if not triton:
+        for module in (prioritized_ops, replay_gather_ops, sum_tree_ops):
+            monkeypatch.setattr(module, "triton_available", lambda: False)
+    elif not sum_tree_ops.triton_available():
+        pytest.skip("needs Triton")
     env = FakeEnv(32, 10, 0.05, seed=4)
     buffer = ReplayBuffer(transition_spec(), 32 * 20, 32, **buffer_options(
-        n_step=3, gamma=0.99, episode_length=10, device="cuda", compile=True), goal_reward=goal_reward)
+        n_step=3, gamma=0.99, episode_length=10, device="cuda"), goal_reward=goal_reward)
     for _ in range(25):
         buffer.write({k: v.cuda() for k, v in env.step().items()})
     beta = torch.tensor(0.5, device="cuda", dtype=torch.float64)

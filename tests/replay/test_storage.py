@@ -2,8 +2,8 @@ import pytest
 import torch
 from support.replay_reference import FakeEnv, transition_spec
 
-from fitdqn.replay.spec import FieldSpec, bytes_per_transition, check_rows, storage_bytes
 from fitdqn.replay.storage import RingStorage
+from fitdqn.transitions import FieldSpec, bytes_per_transition, check_rows, storage_bytes
 
 
 def test_spec_bytes():

@@ -6,21 +6,21 @@ import numpy as np
 import torch
 
 from fitdqn.config import Config
-from fitdqn.replay.spec import FieldSpec
+from fitdqn.ops.replay_gather import GoalCrossing
+from fitdqn.transitions import FieldSpec
 
 AGENT_DIM = 6
 GOAL_COLUMN = 4
 
 
 def buffer_options(**overrides) -> dict:
-    """Every keyword a :class:`fitdqn.replay.ReplayBuffer` takes, from the config's defaults (eager, on the CPU,
-    the goal in ``GOAL_COLUMN``), with ``overrides``."""
+    """Every keyword a :class:`fitdqn.replay.ReplayBuffer` takes, from the config's defaults (on the CPU, the goal in
+    ``GOAL_COLUMN``), with ``overrides``."""
     config = Config()
     r = config.replay
     options = dict(n_step=config.learn.n_step, gamma=config.learn.gamma, episode_length=config.market.episode_length,
                    goal_column=GOAL_COLUMN, prioritized=r.prioritized, alpha=r.alpha, priority_eps=r.priority_eps,
-                   her=r.her, her_k=r.her_k, tree_fanout=r.tree_fanout, compile=False, fused=False,
-                   fused_gather=r.fused_gather, device="cpu")
+                   her=r.her, her_k=r.her_k, tree_fanout=r.tree_fanout, device="cpu")
     return {**options, **overrides}
 
 
@@ -37,9 +37,13 @@ def transition_spec() -> dict[str, FieldSpec]:
     }
 
 
-def goal_reward(before: torch.Tensor, after: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
-    """A bonus of 0.5 when the cumulative reward crosses the goal upwards (-0.5 downwards)."""
-    return 0.5 * ((after >= goal).float() - (before >= goal).float())
+GOAL_BONUS = 0.5
+goal_reward = GoalCrossing(GOAL_BONUS)  # the replay's goal bonus in these tests (the env's kind)
+
+
+def crossing_bonus(before: torch.Tensor, after: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
+    """``GOAL_BONUS`` where the cumulative reward crosses the goal upwards (``before < goal <= after``), else 0."""
+    return GOAL_BONUS * ((before < goal) & (after >= goal)).float()
 
 
 class FakeEnv:
@@ -110,7 +114,7 @@ def nstep_reference(log, step: int, env: int, n: int, gamma: float, goal: float,
         if with_goal_reward:
             achieved = torch.tensor(row["achieved"][env])
             goal_tensor = torch.tensor(goal, dtype=torch.float32)
-            reward = reward + goal_reward(achieved - reward, achieved, goal_tensor)
+            reward = reward + crossing_bonus(achieved - reward, achieved, goal_tensor)
         total += gamma**k * float(reward)
         last = step + k
         if row["flags"][env] & 3:

@@ -269,6 +269,17 @@ def test_run_files_are_readable_like_any_output_and_a_finished_run_can_leave_the
         train(small_config(**{**RUN, "train.epochs": 6}), run, resume=True, console=Console(quiet=True))
 
 
+def test_a_checkpoint_is_as_big_as_its_contents(reference):
+    """The checkpoint's size line (``checkpoint_summary``: its ``contents``) tells what the file holds: the replay
+    is saved as its filled rows, not as views of its whole ring (which ``torch.save`` writes whole)."""
+    path = reference["dir"] / "reference" / "checkpoint.pt"
+    state = load_checkpoint(path)
+    replay = state["replay"]
+    assert replay["storage"]["field.flags"].shape[0] < replay["capacity"]  # the ring is not full: what matters here
+    listed = sum(part["bytes"] for part in state["contents"].values())
+    assert listed <= path.stat().st_size <= listed + 2**18  # a zip's headers and the pickled structure besides
+
+
 def test_resume_after_a_time_limit_takes_a_new_limit_or_none(tmp_path, monkeypatch):
     run = tmp_path / "run"
     run.mkdir()

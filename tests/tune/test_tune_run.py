@@ -8,6 +8,7 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 from tune_helpers import SEARCH, TINY, quiet, tiny_config, toml_of  # noqa: E402
@@ -15,6 +16,7 @@ from tune_helpers import SEARCH, TINY, quiet, tiny_config, toml_of  # noqa: E402
 from fitdqn.cli import main  # noqa: E402
 from fitdqn.config import load_config, with_overrides  # noqa: E402
 from fitdqn.device.threads import cpu_threads  # noqa: E402
+from fitdqn.evaluate.significance import deflated_sharpe  # noqa: E402
 from fitdqn.train.logs import read_jsonl  # noqa: E402
 from fitdqn.tune.report import print_report  # noqa: E402
 from fitdqn.tune.runner import run_tune, threads_per_trial  # noqa: E402
@@ -64,12 +66,27 @@ def test_a_trial_that_raises_is_recorded_as_failed(tuned):
     assert all(math.isfinite(t.value) for t in study.trials[1:])
 
 
-def test_the_best_config_loads_for_train(tuned):
+def test_the_best_config_loads_for_train(tuned, tmp_path):
     config, _space, study, _output = tuned
-    best = max(study.get_trials(states=(TrialState.COMPLETE,)), key=lambda t: t.value)
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    best = max(complete, key=lambda t: t.value)
     loaded = load_config(Path(config.tune.dir) / BEST_FILE)
-    assert loaded == with_overrides(config, best.params)
+    # where it came from: the trials tried on validation (the failed one never was) and their Sharpes' variance
+    tries = {"evaluate.tried_configs": 2, "evaluate.tried_sharpe_variance": float(np.var([t.value for t in complete],
+                                                                                         ddof=1)),
+             "evaluate.tried_in": f"tune study 'tiny' of {config.tune.dir}"}
+    assert loaded == with_overrides(config, {**best.params, **tries})
     assert loaded.train.out == ""  # a new run directory, not the trial's
+    # a run trained from best.toml deflates its test Sharpe for the two tries, in its report and its verdict
+    run_dir = tmp_path / "again"
+    assert main(["train", "--config", str(Path(config.tune.dir) / BEST_FILE), "--out", str(run_dir), "--device",
+                 "cpu"]) == 0
+    report = json.loads((run_dir / "report.json").read_text())
+    test = report["test"]["agent"]
+    expected = deflated_sharpe(test["sharpe"], report["test"]["periods_per_year"], test["return_moments"], 2,
+                               tries["evaluate.tried_sharpe_variance"])
+    assert test["deflated_sharpe"] == {**expected, "tried_in": tries["evaluate.tried_in"]}
+    assert "This configuration is the best of 2 tried in tune study 'tiny'" in report["verdict"]
 
 
 def test_the_report_lists_trials_and_plots(tuned):
@@ -78,6 +95,7 @@ def test_the_report_lists_trials_and_plots(tuned):
     print_report(Path(config.tune.dir), config.tune, console)
     text = console.file.getvalue()
     assert "fail" in text and "learn.lr must be in (0, 1]" in text and text.count("complete") == 2
+    assert "deflated Sharpe: trial " in text and "is the best of 2 tried" in text
     assert (Path(config.tune.dir) / "history.png").stat().st_size > 0
     assert (Path(config.tune.dir) / "importances.png").stat().st_size > 0
 

@@ -24,9 +24,11 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
         "contracts held, the target position to hold after the next open, and the bracket: stop and take-profit "
         "in ATR(14) multiples and in price (measured from the next bar's open; for the last bar, from its close). "
         "The agent state is built as in the backtests: episodes of market.episode_length decisions, the "
-        "position liquidated at each episode's end. The last row is the decision to trade at the next open.",
+        "position liquidated at each episode's end. The last row is the decision to trade at the next open. "
+        "A study directory (fitdqn train with evaluate.seeds or evaluate.folds > 1) acts with its latest fold's "
+        "ensemble: the mean of its members' target positions, the bracket of the member closest to it.",
     )
-    act.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train")
+    act.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train, or a study's")
     act.add_argument("--data", required=True, metavar="FILE|NAME",
                      help="bars to act on: a CSV or Parquet file (the columns `fitdqn train` reads), or a built-in "
                      "data set: sp500, nasdaq, or synthetic (the run's own synthetic market)")
@@ -56,9 +58,10 @@ def run(args: argparse.Namespace) -> int:
     goal_unit = policy.goal_unit() if args.goal_unit is None else args.goal_unit
     frame = act_run(policy, args.data, start=args.start, goal_unit=goal_unit)
     write_actions(frame, out)
+    which = (f"ensemble of {len(policy.members)} members ({', '.join(str(d) for d in policy.member_dirs)}), "
+             f"{args.network} networks" if policy.members else f"{args.network} network, epoch {policy.epoch}")
     print(f"{len(frame)} decisions, {frame['timestamp'].iloc[0]} to {frame['timestamp'].iloc[-1]}, of the policy in "
-          f"{args.run_dir} ({args.network} network, epoch {policy.epoch}, contract {policy.contract.name}, goal unit "
-          f"{goal_unit:.6g}) written to {out}")
+          f"{args.run_dir} ({which}, contract {policy.contract.name}, goal unit {goal_unit:.6g}) written to {out}")
     print(f"latest, to trade at the next open: {decision_text(frame.iloc[-1])}")
     return 0
 

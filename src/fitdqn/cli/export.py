@@ -19,7 +19,8 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
         "fitdqn.json says how to build obs (feature and agent-state names, window) and how to read the actions "
         "(target contracts, stop and take-profit ATR multiples). `fitdqn act` does all of that for you.",
     )
-    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train, or a study's: "
+                        "its latest fold's ensemble, actions combined in the program and q [B, members, 3, n]")
     export.add_argument("--out", required=True, metavar="FILE.pt2", help="where to write the program")
     export.add_argument("--network", choices=NETWORKS, default="best",
                         help="best: the network with the best validation Sharpe (best.pt, the one the run's report "

@@ -14,8 +14,9 @@ from torch import Tensor
 from fitdqn.config import LearnConfig
 from fitdqn.device.graphs import capture_graph
 from fitdqn.learn.learner import Learner
-from fitdqn.market.env import EPISODE_END, FuturesEnv, state_shapes
+from fitdqn.market.env import FuturesEnv, state_shapes
 from fitdqn.replay.buffer import ReplayBuffer
+from fitdqn.transitions import EPISODE_END
 
 STAT_KEYS = ("reward", "pnl", "cost", "episodes_done")
 

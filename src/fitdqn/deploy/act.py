@@ -26,7 +26,6 @@ import torch
 from fitdqn.deploy.policy import RunPolicy
 from fitdqn.errors import UserError
 from fitdqn.evaluate.backtest import run_backtest
-from fitdqn.evaluate.baselines import greedy_policy
 from fitdqn.market.data import bars_from_config
 from fitdqn.market.env import STOP_ATR, TAKE_PROFIT_ATR, FuturesEnv, sizing_target
 from fitdqn.market.loader import market_from_bars
@@ -96,12 +95,12 @@ def act_on_bars(policy: RunPolicy, bars: pd.DataFrame, *, start: str | pd.Timest
         max_contracts=market_config.max_contracts, reward_scale=market_config.reward_scale,
         reward=market_config.reward, risk_penalty=market_config.risk_penalty,
         target_volatility=sizing_target(market_config), branches=net.branches, seed=0,
-        sequential=True, goal_unit=unit,
+        sequential=True, goal_unit=unit, levels=policy.levels(),
     )
     goal = 0.5 * (env.goal_range[0] + env.goal_range[1])  # as the backtests: the middle of the goal range
     env.goal_range = (goal, goal)
 
-    act = greedy_policy(policy.learner)
+    act = policy.acting()  # a run's network, or a study's ensemble (branch 0 then indexes its mean positions)
     actions, held = [], []
 
     def recording(obs: torch.Tensor) -> torch.Tensor:

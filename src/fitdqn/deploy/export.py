@@ -14,6 +14,10 @@ and what a program outside fitdqn needs to build ``obs`` itself and check it: ev
 (``observation``), and a reference observation of the run's last bar with the program's output for it
 (``reference``). The program takes a batch; a single observation is ``obs[None]`` (a ``[W, S]`` tensor is refused
 by the program's input check).
+
+A study exports its ensemble (:mod:`fitdqn.evaluate.ensemble`): the members' acting networks in one program that
+returns ``(actions [B, 3], q [B, M, 3, n])``, branch 0 indexing the ensemble's mean positions (the metadata's
+``target_contracts``) and the bracket the closest member's, and each member's values.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from torch import nn
 import fitdqn
 from fitdqn.deploy.policy import RunPolicy
 from fitdqn.errors import UserError
+from fitdqn.evaluate.ensemble import BRACKET_RULE, combine
 from fitdqn.market import features as market_features
 from fitdqn.market.env import AGENT_FIELDS, STOP_ATR, TAKE_PROFIT_ATR, position_levels, sizing_target
 from fitdqn.market.features import FEATURE_NAMES
@@ -66,12 +71,28 @@ class ActingNetwork(nn.Module):
         return self.net.greedy(q), q
 
 
-def acting_network(policy: RunPolicy) -> ActingNetwork:
-    """A CPU fp32 copy of the run's evaluated network (``evaluate.reported_network``) with the plain PyTorch kernels,
-    wrapped to act greedily."""
+class EnsembleActingNetwork(nn.Module):
+    """``obs [B, W, S] -> (actions [B, 3] int64, q [B, M, branches, max_n] fp32)``: M members' greedy actions
+    combined as :func:`fitdqn.evaluate.ensemble.combine` does, and each member's values."""
+
+    def __init__(self, members: list[ActingNetwork], levels: list[float]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(members)
+        self.register_buffer("levels", torch.tensor(levels, dtype=torch.float32), persistent=False)  # [n]
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        picked = [member(obs) for member in self.members]
+        actions = torch.stack([a for a, _ in picked])  # [M, B, 3]
+        return combine(actions, self.levels), torch.stack([q for _, q in picked], dim=1)
+
+
+def acting_network(policy: RunPolicy, learner=None) -> ActingNetwork:
+    """A CPU fp32 copy of the run's evaluated network (``evaluate.reported_network``; or ``learner``'s, a member of
+    the same config) with the plain PyTorch kernels, wrapped to act greedily."""
     config = policy.config
-    net = QNetwork(config.net, policy.learner.state_dim, fused=False)
-    net.load_state_dict({k: v.detach().float().cpu() for k, v in policy.learner.evaluated.state_dict().items()})
+    learner = policy.learner if learner is None else learner
+    net = QNetwork(config.net, learner.state_dim, fused=False)
+    net.load_state_dict({k: v.detach().float().cpu() for k, v in learner.evaluated.state_dict().items()})
     learn = config.learn
     return ActingNetwork(net, learn.risk, learn.cvar_alpha, learn.risk_aversion, config.net.iqn_act_quantiles).eval()
 
@@ -89,7 +110,7 @@ def metadata(policy: RunPolicy) -> dict[str, Any]:
         "feature_names": list(FEATURE_NAMES),
         "agent_fields": list(AGENT_FIELDS),
         "branches": {
-            "target_contracts": position_levels(config.net.branches[0], config.market.max_contracts),
+            "target_contracts": policy.levels() or position_levels(config.net.branches[0], config.market.max_contracts),
             "stop_atr": list(STOP_ATR),
             "take_profit_atr": list(TAKE_PROFIT_ATR),
         },
@@ -103,6 +124,11 @@ def metadata(policy: RunPolicy) -> dict[str, Any]:
         "risk_aversion": config.learn.risk_aversion if config.learn.risk == "mean_variance" else None,
         "contract": dataclasses.asdict(policy.contract) if dataclasses.is_dataclass(policy.contract) else None,
         "config": {"net": dataclasses.asdict(config.net), "market": dataclasses.asdict(config.market)},
+        **({"ensemble": {"members": [str(d) for d in policy.member_dirs], "target": "the mean of the members' target "
+                         "positions", "bracket": BRACKET_RULE},
+            "outputs": {"actions": ["batch", len(config.net.branches)],
+                        "q": ["batch", len(policy.members), len(config.net.branches), max(config.net.branches)]}}
+           if policy.members else {}),
     }
 
 
@@ -229,7 +255,8 @@ def export_policy(policy: RunPolicy, out: str | Path, example_batch: int = 2) ->
     out = Path(out)
     if out.suffix != ".pt2":
         raise UserError(f"--out {out}: torch.export archives end in .pt2 (e.g. --out policy.pt2)")
-    module = acting_network(policy)
+    module = (EnsembleActingNetwork([acting_network(policy, m) for m in policy.members], policy.member_levels()).eval()
+              if policy.members else acting_network(policy))
     net = policy.config.net
     example = torch.zeros(example_batch, net.window, policy.learner.state_dim)  # [B, W, S]
     batch = torch.export.Dim("batch", min=1)

@@ -3,7 +3,7 @@
 A probe reads a card's total memory, compute capability and SM count from the driver. A what-if plan
 (``fitdqn plan --gpu NAME``) gets them from this table by the card's name (as ``torch.cuda.get_device_name``
 reports it) or an alias (``h100``, ``rtx3050``). The compute capability picks PyTorch's cuBLAS workspace rule
-(``budget.overhead``); the SM count caps the scratch of CUDA reductions (``budget.kernel_scratch``).
+(``fitdqn.memory.overhead``); the SM count caps the scratch of CUDA reductions (``fitdqn.memory.kernel_scratch``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ is allocated in it on the capture stream and freed, so its pages stay mapped and
 from them instead of growing the pool. For a process under PyTorch's per-process memory cap
 (``set_per_process_memory_fraction``): before each growth of an expandable segment the capped allocator
 charges the whole request on top of what is mapped, even when the growth reuses the segment's free end, and
-during a capture a refused growth is an out-of-memory error (``budget.allocator_model``'s docstring). One
+during a capture a refused growth is an out-of-memory error (``fitdqn.memory.allocator_model``'s docstring). One
 premapping is charged exactly what it maps. The block's layout inside the pool is the same either way: the
 free block at a segment's mapped end is taken last whether it can grow or is already mapped.
 """

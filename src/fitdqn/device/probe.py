@@ -29,7 +29,7 @@ class DeviceInfo:
     # graph's pool before capturing it (``device.graphs``); ``free_bytes`` is at most the cap less what the
     # allocator reserved.
     allocator_limit_bytes: int | None = None
-    # what the reduction launcher reads (budget.kernel_scratch): None = unknown (no SM cap, an upper bound)
+    # what the reduction launcher reads (memory.kernel_scratch): None = unknown (no SM cap, an upper bound)
     sm_count: int | None = None
     max_threads_per_sm: int | None = None
     # how a what-if device's facts were found (the card table entry, or why none), "" for a probed device

@@ -326,6 +326,7 @@ class SplitSizes:
     target_volatility: float
     branches: Sequence[int]
     segments: int
+    levels: tuple[float, ...] | None = None  # branch 0's contracts where not the config's (an ensemble's means)
 
     @classmethod
     def of_config(cls, config, market: Market) -> SplitSizes:
@@ -352,7 +353,7 @@ def split_env(market: Market, split: str, num_envs: int, sizes: SplitSizes, goal
                                  episode_length=sizes.episode_length, max_contracts=sizes.max_contracts,
                                  reward_scale=sizes.reward_scale, reward=sizes.reward,
                                  risk_penalty=sizes.risk_penalty, target_volatility=sizes.target_volatility,
-                                 branches=sizes.branches,
+                                 branches=sizes.branches, levels=sizes.levels,
                                  sequential=True, seed=0)  # a sequential env draws no start bars; the goal is set below
     g = 0.5 * (env.goal_range[0] + env.goal_range[1]) if goal is None else float(goal)
     env.goal_range = (g, g)

@@ -136,3 +136,20 @@ def bootstrap_sharpe(
     tail = (1.0 - confidence) / 2.0
     low, high = np.quantile(stats, [tail, 1.0 - tail], method="inverted_cdf")  # no interpolation across inf
     return Interval(estimate, float(low), float(high), confidence, int(samples), block)
+
+
+def resampled_sharpes(series: np.ndarray, periods_per_year: float, *, samples: int, block_length: float, seed: int
+                      ) -> np.ndarray:
+    """``[samples, K]`` annualised Sharpes of K series ``[K, n]`` of the same bars, every resample taking the same
+    blocks of all K (what they share cancels in their differences). ``block_length <= 0``: :func:`auto_block_length`."""
+    series = np.asarray(series, dtype=np.float64)
+    n = series.shape[1]
+    block = auto_block_length(n) if block_length <= 0 else float(block_length)
+    moments = [_Moments(s) for s in series]
+    rng = np.random.default_rng(seed)
+    chunk = max(1, CHUNK_ELEMENTS // (int(n / block) + 16))
+    values = []
+    for first in range(0, samples, chunk):
+        starts, lengths = stationary_blocks(rng, n, block, min(chunk, samples - first))  # [c, m] each
+        values.append(np.stack([m.sharpe(starts, lengths, periods_per_year) for m in moments], axis=1))  # [c, K]
+    return np.concatenate(values)

@@ -1,4 +1,6 @@
-"""One split, the agent beside every baseline: trading metrics and bootstrap intervals on Sharpe."""
+"""One split, the agent beside every baseline: trading metrics, bootstrap intervals on Sharpe, the reality check of the
+agent against all baselines at once and, for a tuned configuration, the deflated Sharpe ratio
+(:mod:`fitdqn.evaluate.significance`)."""
 
 from __future__ import annotations
 
@@ -19,19 +21,30 @@ from fitdqn.evaluate.backtest import (
 )
 from fitdqn.evaluate.baselines import (
     RULES,
+    SIZED_HOLD,
     account_size,
     greedy_policy,
+    not_applicable,
     random_policy,
     rule_policies,
 )
 from fitdqn.evaluate.bootstrap import bootstrap_sharpe
 from fitdqn.evaluate.metrics import bar_returns, trading_metrics
+from fitdqn.evaluate.significance import deflated_sharpe, reality_check, return_moments
 from fitdqn.learn.learner import Learner
 from fitdqn.market.loader import Market
 
 BUY_AND_HOLD = "buy_and_hold"
 RANDOM = "random"
-POLICIES = ("agent", BUY_AND_HOLD, *RULES, RANDOM)  # the order of every table
+POLICIES = ("agent", BUY_AND_HOLD, SIZED_HOLD, *RULES, RANDOM)  # the order of every table
+
+
+def own_sizing_baselines(config: Config) -> tuple[str, ...]:
+    """The baselines sized as the agent is, the ones its verdict is judged against: under volatility sizing the
+    volatility-sized buy-and-hold and the rules (they trade through the agent's env), under whole contracts the
+    plain buy-and-hold and the rules."""
+    hold = SIZED_HOLD if config.market.position_sizing == "volatility" else BUY_AND_HOLD
+    return (hold, *RULES)
 
 
 @dataclass
@@ -71,8 +84,9 @@ def sharpe_differences(returns: np.ndarray, others: dict[str, np.ndarray | None]
 
 def sharpe_intervals(config: Config, pnl: np.ndarray, capital: float, per_year: float,
                      baselines: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-    """``sharpe_ci`` of ``pnl`` and, with ``baselines`` (name -> its P&L on the same bars), ``sharpe_differences``.
-    None for a ruined account (its Sharpe is not defined), on either side of a difference."""
+    """``sharpe_ci`` of ``pnl`` and, with ``baselines`` (name -> its P&L on the same bars), ``sharpe_differences``
+    and the ``reality_check`` against all of them at once. None for a ruined account (its Sharpe is not defined),
+    on either side of a difference."""
     options = bootstrap_options(config)
     returns = bar_returns(pnl, capital)
     whole = len(returns) == len(pnl)
@@ -80,7 +94,27 @@ def sharpe_intervals(config: Config, pnl: np.ndarray, capital: float, per_year: 
     if baselines is not None:  # a ruined agent has no Sharpe, so no difference either (None)
         others = {name: bar_returns(other, capital) if whole else None for name, other in baselines.items()}
         out |= sharpe_differences(returns, others, per_year, options)
+        out["reality_check"] = joint_test(returns, others, per_year, options) if whole else None
     return out
+
+
+def joint_test(returns: np.ndarray, others: dict[str, np.ndarray | None], per_year: float,
+               options: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`fitdqn.evaluate.significance.reality_check` of the agent's per-bar returns against ``others``, on the
+    pairwise intervals' resamples (their seed, count and block length)."""
+    return reality_check(returns, {n: r for n, r in others.items() if r is not None}, per_year,
+                         samples=options["samples"], block_length=options["block_length"], seed=options["seed"],
+                         confidence=options["confidence"])
+
+
+def tries_counted(config: Config, returns: np.ndarray, sharpe: float | None, per_year: float) -> dict[str, Any] | None:
+    """The deflated Sharpe ratio of ``sharpe`` over ``returns`` when the config says it was the best of
+    ``evaluate.tried_configs`` > 1 tries (``fitdqn tune``'s best.toml does); None otherwise."""
+    e = config.evaluate
+    if e.tried_configs < 2 or sharpe is None:
+        return None
+    return {**deflated_sharpe(sharpe, per_year, return_moments(returns), e.tried_configs, e.tried_sharpe_variance),
+            "tried_in": e.tried_in}
 
 
 def evaluate_split(learner: Learner, market: Market, config: Config, split: str, *, baselines: bool = True,
@@ -112,17 +146,24 @@ def evaluate_split(learner: Learner, market: Market, config: Config, split: str,
     if baselines:
         pnl[BUY_AND_HOLD] = hold_pnl
         positions[BUY_AND_HOLD] = np.full_like(hold_pnl, float(agent.hold_contracts))
-        rules = rule_policies(market, config, per_year)
+        unusable = not_applicable(market, config, per_year, split)
+        rules = {n: r for n, r in rule_policies(market, config, per_year).items() if n not in unusable}
         # the rules in one pass (each bit for bit its own backtest)
         passes = evaluate_rules_config(list(rules.values()), config, split, market=market, runner=runner)
         for name, backtest in zip(rules, passes, strict=True):
             pnl[name], positions[name] = backtest.pnl, backtest.position
+        results["not_applicable"] = unusable  # name -> why: no row of figures, never a flat position's zeros
     results["policies"] = list(pnl) + ([RANDOM] if baselines and config.train.eval_seeds > 0 else [])
     for name in pnl:
         results[name] = trading_metrics(pnl[name], positions[name], capital, per_year).to_json()
         if baselines:  # the agent against every other policy on the same bars
             others = {n: p for n, p in pnl.items() if n != "agent"} if name == "agent" else None
             results[name] |= sharpe_intervals(config, pnl[name], capital, per_year, others)
+    returns = bar_returns(agent.pnl, capital)
+    results["agent"]["return_moments"] = return_moments(returns)  # what a deflated Sharpe needs of these bars
+    deflated = tries_counted(config, returns, results["agent"]["sharpe"], per_year)
+    if deflated is not None:
+        results["agent"]["deflated_sharpe"] = deflated
     if baselines and config.train.eval_seeds > 0:
         runs = [evaluate_config(random_policy(config.net.branches, 1000 + s, market.device), config, split,
                                 market=market, runner=runner, key=f"random {s}")

@@ -83,8 +83,8 @@ from fitdqn.market.layout import (  # noqa: F401 - the env's layout, re-exported
 from fitdqn.market.loader import Market, load_market
 from fitdqn.market.observation import build_observation
 from fitdqn.market.splits import Split
-from fitdqn.ops.replay_gather import EPISODE_END, TERMINAL, GoalCrossing  # the flags bits the replay reads
-from fitdqn.replay.spec import FieldSpec
+from fitdqn.ops.replay_gather import GoalCrossing
+from fitdqn.transitions import EPISODE_END, TERMINAL, FieldSpec  # the transition contract: fields and flags bits
 
 EXIT_NONE, EXIT_STOP, EXIT_TAKE_PROFIT, EXIT_EPISODE_END = 0, 1, 2, 3
 
@@ -289,6 +289,7 @@ class FuturesEnv:
         sequential: bool = False,
         goal_range: tuple[float, float] | None = None,
         goal_unit: float | None = None,
+        levels: Sequence[float] | None = None,
         device=None,
     ) -> None:
         device = torch.device(device) if device is not None else features.device
@@ -355,7 +356,10 @@ class FuturesEnv:
         self.prices = prices.to(device=device, dtype=torch.float32).contiguous()  # [T, 4]
         self.atr = atr.to(device=device, dtype=torch.float32).contiguous()  # [T]
         self.features = features.to(device=device, dtype=torch.float32).contiguous()  # [T, Fm]
-        self.position_levels = torch.tensor(position_levels(branches[0], max_contracts), device=device)
+        # contracts of each branch-0 index: the config's levels, or ``levels`` (an ensemble of policies trades the
+        # means of its members' levels: fitdqn.evaluate.ensemble)
+        self.position_levels = torch.tensor(position_levels(branches[0], max_contracts) if levels is None
+                                            else [float(v) for v in levels], device=device)
         self.stop_levels = torch.tensor(STOP_ATR, device=device)
         self.take_levels = torch.tensor(TAKE_PROFIT_ATR, device=device)
 

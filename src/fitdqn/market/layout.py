@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from fitdqn.memory.component import tensor_bytes
-from fitdqn.replay.spec import FieldSpec
+from fitdqn.transitions import FieldSpec
 
 RETURN_HORIZONS = (1, 2, 3, 5, 10, 20, 40, 60)
 LAGS = (1, 2, 3, 4, 5)

@@ -25,8 +25,8 @@ it), and beside it, in ``<op>_triton.py``, the Triton kernel, imported on first 
 - :mod:`fitdqn.ops.kernels`: ``net.kernels`` resolved for a device, and the lazy import of the Triton modules.
 
 Networks (:mod:`fitdqn.nets`), losses (:mod:`fitdqn.learn.losses`) and the replay import these, never the
-reverse: this package imports only torch, :mod:`fitdqn.errors` and its own modules. Importing it registers every
-operator.
+reverse: this package imports only torch, :mod:`fitdqn.errors`, :mod:`fitdqn.transitions` and its own modules.
+Importing it registers every operator.
 """
 
 from fitdqn.ops.attention import last_token_attention

@@ -11,9 +11,9 @@ operators with Triton kernels on CUDA (:mod:`fitdqn.ops.prioritized_triton`).
   every ancestor is recomputed as the sum of its children; the running maximum ``max_priority`` follows the
   largest leaf written. In place; returns nothing.
 
-Why operators: eagerly (the default: ``replay.compile = false``) the draw is about 60 small kernels and the update
-about 15; on CUDA each is now 2 kernels (draw) and 2 + one per tree level (update). And the memory planner traces
-the update step on fake tensors, often fake *CPU* tensors standing in for CUDA ones: the fake kernels allocate
+Why operators: in torch maths the draw is about 60 small kernels and the update about 15; on CUDA each is 2 kernels
+(draw) and 2 + one per tree level (update); a CUDA device without Triton runs the torch maths. And the memory planner
+traces the update step on fake tensors, often fake *CPU* tensors standing in for CUDA ones: the fake kernels allocate
 exactly what the Triton path allocates (the draw's two results; the update nothing), where the torch maths makes a
 ``[B, fanout]`` float64 row of children per level. The CPU kernels are the torch maths.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from fitdqn.ops.kernels import triton_module
+from fitdqn.ops.kernels import triton_available, triton_module
 from fitdqn.ops.sum_tree import propagate_reference
 
 DTYPE = torch.float64
@@ -116,7 +116,7 @@ def prioritized_draw(levels: list[torch.Tensor], uniform: torch.Tensor, written:
 @prioritized_draw.register_kernel("cuda")
 def _prioritized_draw_cuda(levels, uniform, written, beta, lowest, fanout, num_leaves, ring_steps, n_step,
                            num_envs):
-    if len(levels) > MAX_FUSED_DEPTH:
+    if len(levels) > MAX_FUSED_DEPTH or not triton_available():
         return draw_reference(levels, uniform, written, beta, fanout, num_leaves, ring_steps, n_step, num_envs)
     return triton_module("fitdqn.ops.prioritized_triton").fused_draw(
         levels, uniform, written, beta, lowest, fanout, num_leaves, ring_steps, n_step, num_envs)
@@ -140,6 +140,9 @@ def prioritized_update(levels: list[torch.Tensor], max_priority: torch.Tensor, i
 
 @prioritized_update.register_kernel("cuda")
 def _prioritized_update_cuda(levels, max_priority, index, priorities, alpha, eps, fanout):
+    if not triton_available():
+        update_reference(levels, max_priority, index, priorities, alpha, eps, fanout)
+        return
     triton_module("fitdqn.ops.prioritized_triton").fused_update(levels, max_priority, index, priorities, alpha,
                                                                  eps, fanout)
 

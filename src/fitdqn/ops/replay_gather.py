@@ -22,15 +22,14 @@ env's step t + k is ``k * E`` slots on; ``written`` (a 0-dim device counter) ste
   ``next_agent [B, Fa]`` (the last step's), the goal column of both agent rows set to the (possibly relabelled)
   goal.
 
-The goal bonus: :class:`GoalCrossing` (the env's, ``FuturesEnv.goal_reward``), or None, or any other
-:data:`GoalReward` callable; the operator takes the first two (a bonus or None), another callable is the torch
-maths' only (the replay then gathers op by op).
+The goal bonus: :class:`GoalCrossing` (the env's, ``FuturesEnv.goal_reward``) or None; the operator takes it by
+its ``bonus``. The torch maths (:func:`nstep_window`) takes any :data:`GoalReward` callable.
 
 Why an operator: eagerly the gather is a few dozen small kernels (0.30 ms at batch 8192 on an H200); the Triton
 kernel is one launch, a lane per sample looping over its window, reading each field in its own dtype. The memory
 planner traces the training step on fake tensors, often fake *CPU* tensors standing in for CUDA: the fake kernel
 allocates exactly the seven results, what the Triton path allocates (the torch maths makes ``[B, n]`` windows and
-HER's scratch besides). The CPU kernel is the torch maths.
+HER's scratch besides). The CPU kernel is the torch maths, as is the CUDA kernel where Triton is not installed.
 
 Exactness: integers, rows, goals and discounts are the torch maths' exactly; the kernel's return adds the terms
 ``reward_k * gamma^k`` (each rounded as the torch maths' product: no fused multiply-add, ``enable_fp_fusion=False``)
@@ -46,10 +45,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fitdqn.ops.kernels import triton_module
-
-TERMINAL = 1  # flags bit 0: no bootstrap
-EPISODE_END = 2  # flags bit 1: last step of the episode
+from fitdqn.ops.kernels import triton_available, triton_module
+from fitdqn.transitions import EPISODE_END, TERMINAL
 
 GoalReward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (before, after, goal) -> bonus
 Relabel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (index, goal, uniform) -> goal
@@ -69,21 +66,17 @@ class GoalCrossing:
         return crossed.to(achieved_after.dtype) * self.bonus
 
 
-def fusable(goal_reward: GoalReward | None) -> bool:
-    """Whether the operator takes this goal bonus (a :class:`GoalCrossing` or none)."""
-    return goal_reward is None or isinstance(goal_reward, GoalCrossing)
-
-
 def window_offsets(n_step: int, num_envs: int, device: torch.device | str) -> torch.Tensor:
-    """``[n]`` int64: slot offsets ``k * E`` of a window's steps. From a host list, not device arithmetic: on the
-    'meta' device of the planner's replay sizing a factory is free, while the first arange or pow there imports
-    torch's Python decompositions (about 1.5 s)."""
-    return torch.tensor([k * num_envs for k in range(n_step)], dtype=torch.int64, device=device)
+    """``[n]`` int64: slot offsets ``k * E`` of a window's steps, by device arithmetic: the torch maths makes them at
+    each call, which a CUDA graph captures (the CUDA kernel where Triton is off), where a host list's copy would not
+    be."""
+    return torch.arange(n_step, dtype=torch.int64, device=device) * num_envs
 
 
 def powers_of_gamma(n_step: int, gamma: float, device: torch.device | str) -> torch.Tensor:
-    """``[n + 1]`` f32: ``gamma ** k`` in float64 on the host, rounded to f32 once (a host list, as
-    :func:`window_offsets`)."""
+    """``[n + 1]`` f32: ``gamma ** k`` in float64 on the host, rounded to f32 once. From a host list, not device
+    arithmetic: on the 'meta' device of the planner's replay sizing a factory is free, while the first pow there
+    imports torch's Python decompositions (about 1.5 s)."""
     return torch.tensor([float(gamma) ** k for k in range(n_step + 1)], dtype=torch.float32, device=device)
 
 
@@ -186,6 +179,23 @@ def check_inputs(agent: torch.Tensor, next_agent: torch.Tensor, bar: torch.Tenso
             f"{written.dtype}, gamma_powers {tuple(gamma_powers.shape)} {gamma_powers.dtype}")
 
 
+def gather_maths(agent: torch.Tensor, next_agent: torch.Tensor, bar: torch.Tensor, action: torch.Tensor,
+                 reward: torch.Tensor, achieved: torch.Tensor, episode_step: torch.Tensor, flags: torch.Tensor,
+                 index: torch.Tensor, uniform: torch.Tensor, written: torch.Tensor, gamma_powers: torch.Tensor,
+                 n_step: int, num_envs: int, episode_length: int, relabel_probability: float | None,
+                 goal_column: int, goal_bonus: float | None) -> tuple[torch.Tensor, ...]:
+    """The operator's torch maths (:func:`replay_gather`'s arguments): its CPU kernel, and its CUDA kernel where
+    Triton is not installed."""
+    check_inputs(agent, next_agent, bar, action, reward, achieved, episode_step, flags, index, uniform, written,
+                 gamma_powers, n_step, num_envs, goal_column)
+    relabel = None if relabel_probability is None else functools.partial(
+        future_goals, achieved=achieved, episode_step=episode_step, written=written, num_envs=num_envs,
+        episode_length=episode_length, relabel_probability=relabel_probability)
+    return gather_reference(agent, next_agent, bar, action, reward, achieved, flags, index, uniform,
+                            window_offsets(n_step, num_envs, index.device), gamma_powers, goal_column, relabel,
+                            None if goal_bonus is None else GoalCrossing(goal_bonus))
+
+
 @torch.library.custom_op("fitdqn::replay_gather", mutates_args=())
 def replay_gather(agent: torch.Tensor, next_agent: torch.Tensor, bar: torch.Tensor, action: torch.Tensor,
                   reward: torch.Tensor, achieved: torch.Tensor, episode_step: torch.Tensor, flags: torch.Tensor,
@@ -197,21 +207,20 @@ def replay_gather(agent: torch.Tensor, next_agent: torch.Tensor, bar: torch.Tens
     """``(bar [B] int64, agent [B, Fa], action [B, A] int64, reward [B] f32, discount [B] f32, next_bar [B] int64,
     next_agent [B, Fa])`` for slots ``index [B]`` of the ring's fields (module docstring); ``relabel_probability``
     None: HER off; ``goal_bonus`` None: no goal bonus, else :class:`GoalCrossing`'s. The default (CPU) kernel is
-    the torch maths."""
-    check_inputs(agent, next_agent, bar, action, reward, achieved, episode_step, flags, index, uniform, written,
-                 gamma_powers, n_step, num_envs, goal_column)
-    relabel = None if relabel_probability is None else functools.partial(
-        future_goals, achieved=achieved, episode_step=episode_step, written=written, num_envs=num_envs,
-        episode_length=episode_length, relabel_probability=relabel_probability)
-    return gather_reference(agent, next_agent, bar, action, reward, achieved, flags, index, uniform,
-                            window_offsets(n_step, num_envs, index.device), gamma_powers, goal_column, relabel,
-                            None if goal_bonus is None else GoalCrossing(goal_bonus))
+    the torch maths (:func:`gather_maths`)."""
+    return gather_maths(agent, next_agent, bar, action, reward, achieved, episode_step, flags, index, uniform,
+                        written, gamma_powers, n_step, num_envs, episode_length, relabel_probability, goal_column,
+                        goal_bonus)
 
 
 @replay_gather.register_kernel("cuda")
 def _replay_gather_cuda(agent, next_agent, bar, action, reward, achieved, episode_step, flags, index, uniform,
                         written, gamma_powers, n_step, num_envs, episode_length, relabel_probability, goal_column,
                         goal_bonus):
+    if not triton_available():  # a CUDA device without Triton: the torch maths
+        return gather_maths(agent, next_agent, bar, action, reward, achieved, episode_step, flags, index, uniform,
+                            written, gamma_powers, n_step, num_envs, episode_length, relabel_probability, goal_column,
+                            goal_bonus)
     return triton_module("fitdqn.ops.replay_gather_triton").fused_gather(
         agent, next_agent, bar, action, reward, achieved, episode_step, flags, index, uniform, written, gamma_powers,
         n_step, num_envs, episode_length, relabel_probability, goal_column, goal_bonus)

@@ -28,7 +28,8 @@ import triton.language as tl
 
 from fitdqn.ops.kernels import next_power_of_2, on_device
 from fitdqn.ops.prioritized_triton import _as_f64, bits
-from fitdqn.ops.replay_gather import EPISODE_END, TERMINAL, check_inputs, empty_results
+from fitdqn.ops.replay_gather import check_inputs, empty_results
+from fitdqn.transitions import EPISODE_END, TERMINAL
 
 BLOCK = 128  # samples per program
 WARPS = 4

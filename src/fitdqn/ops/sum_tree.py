@@ -4,9 +4,10 @@ of ``fanout`` long).
 
 :func:`propagate_reference` is the torch maths (a gather, a row sum and a scatter per level: 4 kernels), the
 reference the Triton kernel of :mod:`fitdqn.ops.sum_tree_triton` (one kernel per level) is checked against;
-:func:`propagate` picks one. Not a custom operator: it writes the levels in place and allocates nothing on the
-Triton path, and the planner traces a CUDA target on fake *CPU* tensors (``fitdqn.memory.trace.fake_device_for``),
-where the torch maths runs; a Triton kernel must never be launched on fake tensors (their storage has no memory).
+:func:`propagate` picks one by the levels' device (the Triton kernel for CUDA levels where Triton runs). Not a custom
+operator: it writes the levels in place and allocates nothing on the Triton path, and the planner traces a CUDA
+target on fake *CPU* tensors (``fitdqn.memory.trace.fake_device_for``), where the torch maths runs; a Triton kernel
+must never be launched on fake tensors (their storage has no memory).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from fitdqn.ops.kernels import triton_available, triton_module
 
 
 def available(device: torch.device) -> bool:
-    """Whether the Triton rebuild can run for levels on ``device`` (CUDA with Triton installed)."""
-    return device.type == "cuda" and triton_available()
+    """Whether :func:`propagate` runs the Triton kernel for levels on ``device`` (CUDA with Triton installed)."""
+    return torch.device(device).type == "cuda" and triton_available()
 
 
 def propagate_reference(levels: list[torch.Tensor], index: torch.Tensor, fanout: int) -> None:
@@ -31,9 +32,10 @@ def propagate_reference(levels: list[torch.Tensor], index: torch.Tensor, fanout:
         levels[depth - 1].index_copy_(0, node, sums)
 
 
-def propagate(levels: list[torch.Tensor], index: torch.Tensor, fanout: int, fused: bool) -> None:
-    """:func:`propagate_reference`, or with ``fused`` the Triton kernel (CUDA levels only)."""
-    if fused:
+def propagate(levels: list[torch.Tensor], index: torch.Tensor, fanout: int) -> None:
+    """Every ancestor of leaves ``index [M]`` rebuilt in place: the Triton kernel for CUDA levels where Triton runs,
+    else :func:`propagate_reference`."""
+    if available(levels[-1].device):
         triton_module("fitdqn.ops.sum_tree_triton").propagate(levels, index, fanout)
     else:
         propagate_reference(levels, index, fanout)

@@ -294,14 +294,13 @@ def calibrate(config: Config, device: DeviceInfo, num_bars: int,
 
     live_by_group: dict[str, int] | None = None
     live_total: int | None = None
-    live_config = dataclasses.replace(config, replay=dataclasses.replace(config.replay, compile=False))
     try:
-        live_make = make_train_step(live_config, num_bars, capacity)
+        live_make = make_train_step(config, num_bars, capacity)
         first = live_bytes_step(live_make, b1, target)
         second = live_bytes_step(live_make, b2, target)
         live_by_group = group_slopes(first, second)
         live_total = fit_line((b1, first.step_bytes), (b2, second.step_bytes))[1]
-        live_note = "LiveBytes on the real tensors (replay.compile off for this run)"
+        live_note = "LiveBytes on the real tensors"
     except Exception as error:  # noqa: BLE001 - any failure of the tracker: report per group as traced only
         live_note = (f"live-bytes tracker failed on real tensors ({type(error).__name__}: {error}); "
                      "per group as traced only")

@@ -10,7 +10,7 @@ from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 from fitdqn.memory.component import Component, ComponentName, tensor_bytes
 from fitdqn.replay.buffer import ReplayBuffer
-from fitdqn.replay.spec import TransitionSpec, bytes_per_transition
+from fitdqn.transitions import TransitionSpec, bytes_per_transition
 
 
 class ReplayTooSmall(UserError):

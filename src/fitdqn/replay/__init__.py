@@ -4,18 +4,7 @@ Everything lives on the training device; write / sample / update_priorities make
 """
 
 from fitdqn.replay.buffer import REQUIRED_FIELDS, ReplayBuffer
-from fitdqn.replay.spec import FieldSpec, TransitionSpec, bytes_per_transition, check_rows, storage_bytes
 from fitdqn.replay.storage import RingStorage
 from fitdqn.replay.sum_tree import SumTree
 
-__all__ = [
-    "REQUIRED_FIELDS",
-    "FieldSpec",
-    "ReplayBuffer",
-    "RingStorage",
-    "SumTree",
-    "TransitionSpec",
-    "bytes_per_transition",
-    "check_rows",
-    "storage_bytes",
-]
+__all__ = ["REQUIRED_FIELDS", "ReplayBuffer", "RingStorage", "SumTree"]

@@ -4,31 +4,24 @@
 collector step and the learner update that call them can be captured in CUDA graphs.
 
 Sampling is one ``torch.rand`` (from the caller's generator) followed by pure functions of those uniforms
-and the buffer's tensors (:meth:`ReplayBuffer.batch_from_uniforms`). With ``compile=True`` on CUDA the
-pure parts (tree descent, weights, n-step + HER gather, priority transform) run through ``torch.compile``:
-the same maths in a few fused kernels instead of ~150 small ones; eager is the reference. Compile before
-capturing a CUDA graph (call ``sample`` and ``update_priorities`` once outside the capture). With ``fused`` (the
-resolved ``net.kernels = 'triton'``) the prioritized draw and priority update are the operators of
-:mod:`fitdqn.ops.prioritized` (a few Triton kernels on CUDA, no compiling), and only the gather is compiled. With
-``fused`` and ``fused_gather`` (``replay.fused_gather``), not compiled, the gather is the operator
-``fitdqn::replay_gather`` (one Triton kernel on CUDA) where the goal bonus is a
-:class:`~fitdqn.ops.replay_gather.GoalCrossing` or none; the maths of HER and the n-step window lives in
-:mod:`fitdqn.ops.replay_gather`, whichever path runs it.
+and the buffer's tensors (:meth:`ReplayBuffer.batch_from_uniforms`): the prioritized draw and the priority update
+are the operators of :mod:`fitdqn.ops.prioritized`, the gather (HER goals, n-step returns, the rows) the operator
+``fitdqn::replay_gather`` (:mod:`fitdqn.ops.replay_gather`, the one home of that maths). Each operator picks its
+kernel by device: the torch maths on the CPU, Triton on CUDA (the torch maths where Triton is missing), a fake
+kernel in the planner's trace.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
 
 from fitdqn.ops import replay_gather as gather_ops
-from fitdqn.ops.kernels import resolve_kernels
-from fitdqn.ops.replay_gather import GoalReward, Relabel
+from fitdqn.ops.replay_gather import GoalCrossing
 from fitdqn.replay.sampler import PrioritizedSampler, UniformSampler, sampleable_steps
-from fitdqn.replay.spec import TransitionSpec
 from fitdqn.replay.storage import RingStorage
+from fitdqn.transitions import TransitionSpec
 
 REQUIRED_FIELDS = ("bar", "agent", "action", "reward", "achieved", "next_agent", "episode_step", "flags")
 BATCH_KEYS = ("bar", "agent", "action", "reward", "discount", "next_bar", "next_agent")  # the gather's, in order
@@ -54,16 +47,15 @@ class ReplayBuffer:
         her: bool,
         her_k: int,
         tree_fanout: int,
-        compile: bool,
-        fused: bool,
-        fused_gather: bool,
         device: torch.device | str,
-        goal_reward: GoalReward | None = None,
+        goal_reward: GoalCrossing | None = None,
         observe: Observe | None = None,
     ):
         missing = [name for name in REQUIRED_FIELDS if name not in spec]
         if missing:
             raise ValueError(f"transition spec lacks fields {missing} (docs/DESIGN.md, 'Transitions')")
+        if goal_reward is not None and not isinstance(goal_reward, GoalCrossing):
+            raise TypeError(f"the replay's goal reward is a GoalCrossing (the env's) or None, not {goal_reward!r}")
         if capacity // num_envs < n_step:
             raise ValueError(f"replay capacity {capacity} holds fewer than n_step={n_step} steps of "
                              f"{num_envs} envs")
@@ -77,55 +69,32 @@ class ReplayBuffer:
         self.goal_reward = goal_reward
         self.observe = observe
         self.prioritized = bool(prioritized)
-        self.fused = bool(fused)
-        self.fused_gather = bool(fused_gather)
         self.sampler: PrioritizedSampler | UniformSampler = (
-            PrioritizedSampler(self.storage, n_step, alpha, priority_eps, tree_fanout, fused) if prioritized
+            PrioritizedSampler(self.storage, n_step, alpha, priority_eps, tree_fanout) if prioritized
             else UniformSampler(self.storage, n_step)
         )
-        # the n-step window's device constants (capturable)
-        self.offsets = gather_ops.window_offsets(self.n_step, self.num_envs, self.device)  # [n]
-        self.gamma_powers = gather_ops.powers_of_gamma(self.n_step, gamma, self.device)  # [n + 1] f32
-        self.relabel_probability = her_k / (her_k + 1.0) if her else None
-        fields = self.storage.fields
-        # HER 'future' on the ring (an attribute the planner's trace charges to HER: System.memory_calls)
-        self.her: Relabel | None = None if not her else functools.partial(
-            gather_ops.future_goals, achieved=fields["achieved"], episode_step=fields["episode_step"],
-            written=self.storage.written, num_envs=self.num_envs, episode_length=self.episode_length,
-            relabel_probability=self.relabel_probability)
-        self.use_compiled(compile)
-
-    def use_compiled(self, enabled: bool) -> None:
-        """Route sampling through ``torch.compile`` (CUDA only; eager elsewhere) or back to eager."""
-        self.compiled = bool(enabled) and self.device.type == "cuda"
-        self.gather_fn = self.gather_with_uniforms
-        options = {"fullgraph": True, "dynamic": False} if self.compiled else None
-        self.sampler.set_compiled(options)
-        if self.compiled:
-            self.gather_fn = torch.compile(self.gather_with_uniforms, **options)
+        self.gamma_powers = gather_ops.powers_of_gamma(self.n_step, gamma, self.device)  # [n + 1] f32, capturable
+        self.relabel_probability = her_k / (her_k + 1.0) if her else None  # None: HER off
 
     @classmethod
     def from_config(cls, config, spec: TransitionSpec, capacity: int, *, goal_column: int,
-                    device: torch.device | str, goal_reward: GoalReward | None = None,
+                    device: torch.device | str, goal_reward: GoalCrossing | None = None,
                     observe: Observe | None = None, num_envs: int | None = None) -> ReplayBuffer:
         """Build from a :class:`fitdqn.config.Config` (``replay.*``, ``learn.n_step``, ``learn.gamma``,
         ``market.episode_length``, ``collect.num_envs``) and the planned capacity (see ``replay_component``);
-        ``num_envs`` (None: ``collect.num_envs``) is for a buffer of another env count than the config's; the fused
-        operators follow ``net.kernels`` resolved for ``device`` (as the learner's do)."""
+        ``num_envs`` (None: ``collect.num_envs``) is for a buffer of another env count than the config's."""
         r = config.replay
-        fused = resolve_kernels(config.net.kernels, torch.device(device).type) == "triton"
         return cls(
             spec, capacity, config.collect.num_envs if num_envs is None else num_envs,
             n_step=config.learn.n_step, gamma=config.learn.gamma,
             episode_length=config.market.episode_length, goal_column=goal_column, goal_reward=goal_reward,
             prioritized=r.prioritized, alpha=r.alpha, priority_eps=r.priority_eps, her=r.her, her_k=r.her_k,
-            tree_fanout=r.tree_fanout, observe=observe, compile=r.compile, fused=fused, fused_gather=r.fused_gather,
-            device=device,
+            tree_fanout=r.tree_fanout, observe=observe, device=device,
         )
 
     def tensors(self) -> list[torch.Tensor]:
         """Every device tensor this buffer allocates (the planner counts their bytes)."""
-        return [*self.storage.tensors(), *self.sampler.tensors(), self.offsets, self.gamma_powers]
+        return [*self.storage.tensors(), *self.sampler.tensors(), self.gamma_powers]
 
     # ---- collector side ------------------------------------------------------------------------------
     def write(self, rows: dict[str, torch.Tensor]) -> None:
@@ -159,36 +128,25 @@ class ReplayBuffer:
         next_bar, next_agent, index (and obs / next_obs when an ``observe`` callable was given)."""
         uniform = torch.rand(index.shape[0], 2, device=self.device, dtype=torch.float64,
                              generator=generator)  # [B, 2]: HER future step, HER coin
-        return self.observed(self.gather_fn(index, uniform))
+        return self.observed(self.gather_with_uniforms(index, uniform))
 
     def batch_from_uniforms(self, uniform: torch.Tensor, beta: torch.Tensor) -> dict[str, torch.Tensor]:
         """Pure: ``uniform [B, 3]`` f64 -> batch with ``weight``; reads the buffer, writes nothing."""
         index, weight = self.sampler.draw(uniform[:, 0], beta)  # [B], [B]
-        batch = self.gather_fn(index, uniform[:, 1:])
+        batch = self.gather_with_uniforms(index, uniform[:, 1:])
         batch["weight"] = weight
         return batch
-
-    def gathers_fused(self) -> bool:
-        """Whether the gather is the operator ``fitdqn::replay_gather``: ``fused`` and ``fused_gather``, not compiled
-        (compiling keeps the torch maths), and a goal bonus the operator takes (asked at each call: the system sets
-        ``goal_reward`` once its env exists)."""
-        return self.fused and self.fused_gather and not self.compiled and gather_ops.fusable(self.goal_reward)
 
     def gather_with_uniforms(self, index: torch.Tensor, uniform: torch.Tensor) -> dict[str, torch.Tensor]:
         """Pure: the batch for slots ``index [B]``; ``uniform [B, 2]`` f64 drives HER. Keys :data:`BATCH_KEYS`
         (bar [B] int64, agent [B, Fa], action [B, 3] int64, reward [B] f32, discount [B] f32, next_bar [B] int64,
         next_agent [B, Fa]) and ``index``."""
         f = self.storage.fields
-        if self.gathers_fused():
-            bonus = None if self.goal_reward is None else self.goal_reward.bonus
-            batch = gather_ops.replay_gather(
-                f["agent"], f["next_agent"], f["bar"], f["action"], f["reward"], f["achieved"], f["episode_step"],
-                f["flags"], index, uniform, self.storage.written, self.gamma_powers, self.n_step, self.num_envs,
-                self.episode_length, self.relabel_probability, self.goal_column, bonus)
-        else:
-            batch = gather_ops.gather_reference(
-                f["agent"], f["next_agent"], f["bar"], f["action"], f["reward"], f["achieved"], f["flags"], index,
-                uniform, self.offsets, self.gamma_powers, self.goal_column, self.her, self.goal_reward)
+        bonus = None if self.goal_reward is None else self.goal_reward.bonus
+        batch = gather_ops.replay_gather(
+            f["agent"], f["next_agent"], f["bar"], f["action"], f["reward"], f["achieved"], f["episode_step"],
+            f["flags"], index, uniform, self.storage.written, self.gamma_powers, self.n_step, self.num_envs,
+            self.episode_length, self.relabel_probability, self.goal_column, bonus)
         return {**dict(zip(BATCH_KEYS, batch, strict=True)), "index": index}
 
     def observed(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

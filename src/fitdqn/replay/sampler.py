@@ -33,9 +33,6 @@ class UniformSampler:
     def tensors(self) -> list[torch.Tensor]:
         return []
 
-    def set_compiled(self, options: dict | None) -> None:
-        """Uniform sampling is a handful of element-wise ops: left eager."""
-
     def on_write(self, step: torch.Tensor) -> None:
         """Nothing to track: the window follows the storage's counter."""
 
@@ -63,13 +60,11 @@ class PrioritizedSampler:
     """Proportional prioritized replay (Schaul et al. 2016) on a device :class:`SumTree`.
 
     Leaves hold ``(|priority| + eps) ** alpha``; new transitions enter at the running max leaf value.
-    Importance weights ``w = (N * P(i)) ** -beta`` normalised by the batch maximum. With ``fused`` the draw and the
-    update are the operators of :mod:`fitdqn.ops.prioritized` (Triton kernels on CUDA, the same torch maths
-    elsewhere), else that torch maths op by op (optionally compiled: :meth:`set_compiled`).
+    Importance weights ``w = (N * P(i)) ** -beta`` normalised by the batch maximum. The draw and the update are the
+    operators of :mod:`fitdqn.ops.prioritized` (Triton kernels on CUDA, the torch maths elsewhere).
     """
 
-    def __init__(self, storage: RingStorage, n_step: int, alpha: float, priority_eps: float, tree_fanout: int,
-                 fused: bool):
+    def __init__(self, storage: RingStorage, n_step: int, alpha: float, priority_eps: float, tree_fanout: int):
         if storage.steps < n_step:
             raise ValueError(f"the ring holds {storage.steps} steps, fewer than n_step {n_step}")
         self.storage = storage
@@ -79,26 +74,12 @@ class PrioritizedSampler:
         self.tree = SumTree(storage.capacity, tree_fanout, storage.device)
         self.max_priority = torch.ones((), dtype=torch.float64, device=storage.device)  # leaf space
         self.slot_pair = torch.zeros(2 * storage.num_envs, dtype=torch.int64, device=storage.device)
-        self.fused = bool(fused)
-        # the fused draw's scratch: the batch's smallest leaf, as the bits of a non-negative float64 (they order
-        # as int64 do); the torch maths needs none
-        self.lowest_leaf = torch.zeros((), dtype=torch.int64, device=storage.device) if self.fused else None
-        self.set_compiled(None)
-
-    def set_compiled(self, options: dict | None) -> None:
-        """Run the pure parts through ``torch.compile(**options)``, or eagerly when ``options`` is None.
-
-        Descent and weight normalisation are compiled separately: fused together, the batch max would
-        pull the whole descent into one reduction kernel on one SM.
-        """
-        wrap = (lambda fn: fn) if options is None or self.fused else (lambda fn: torch.compile(fn, **options))
-        self.locate_fn = wrap(self.tree.stratified)
-        self.weights_fn = wrap(self.weights)
-        self.leaf_values_fn = wrap(self.leaf_values)
+        # the Triton draw's scratch: the batch's smallest leaf, as the bits of a non-negative float64 (they order as
+        # int64 do); the torch maths leaves it alone
+        self.lowest_leaf = torch.zeros((), dtype=torch.int64, device=storage.device)
 
     def tensors(self) -> list[torch.Tensor]:
-        scratch = [self.lowest_leaf] if self.fused else []
-        return [*self.tree.tensors(), self.max_priority, self.slot_pair, *scratch]
+        return [*self.tree.tensors(), self.max_priority, self.slot_pair, self.lowest_leaf]
 
     def on_write(self, step: torch.Tensor) -> None:
         """Step ``step`` (0-dim) was just written: its slots leave, step - n + 1 enters at max priority."""
@@ -119,22 +100,9 @@ class PrioritizedSampler:
 
     def draw(self, uniform: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(index [B] int64 slots, weight [B] f32)``, stratified by priority; ``uniform [B]`` places."""
-        if self.fused:
-            s, tree = self.storage, self.tree
-            return prioritized_ops.prioritized_draw(tree.levels, uniform, s.written, beta, self.lowest_leaf,
-                                                    tree.fanout, tree.num_leaves, s.steps, self.n_step, s.num_envs)
-        index, probability = self.locate_fn(uniform)  # [B], [B] f64
-        return index, self.weights_fn(probability, beta)
-
-    def weights(self, probability: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-        """``(N * P(i)) ** -beta`` normalised by the batch maximum, [B] f32."""
-        s = self.storage
-        count = prioritized_ops.sampleable_count(s.written, s.steps, self.n_step, s.num_envs)
-        return prioritized_ops.importance_weights(probability, count, beta)
-
-    def leaf_values(self, index: torch.Tensor, priorities: torch.Tensor) -> torch.Tensor:
-        """``(|priority| + eps) ** alpha [B]`` f64, 0 where the slot's leaf is 0 (it left the window)."""
-        return prioritized_ops.leaf_values(self.tree.leaves, index, priorities, self.alpha, self.eps)
+        s, tree = self.storage, self.tree
+        return prioritized_ops.prioritized_draw(tree.levels, uniform, s.written, beta, self.lowest_leaf, tree.fanout,
+                                                tree.num_leaves, s.steps, self.n_step, s.num_envs)
 
     def update(self, index: torch.Tensor, priorities: torch.Tensor) -> None:
         """New priorities (e.g. |TD error|, before ``** alpha``) for slots ``index [B]``.
@@ -142,16 +110,12 @@ class PrioritizedSampler:
         A duplicated slot keeps its largest new priority. Slots at priority 0 (left the window since they
         were sampled) stay at 0. The running max follows the largest leaf written.
         """
-        if self.fused:
-            prioritized_ops.prioritized_update(self.tree.levels, self.max_priority, index, priorities, self.alpha,
-                                               self.eps, self.tree.fanout)
-            return
-        leaf = self.leaf_values_fn(index, priorities)
-        self.tree.update_max(index, leaf)
-        torch.maximum(self.max_priority, leaf.max(), out=self.max_priority)
+        prioritized_ops.prioritized_update(self.tree.levels, self.max_priority, index, priorities, self.alpha,
+                                           self.eps, self.tree.fanout)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        tree = {f"tree.{k}": v for k, v in self.tree.state_dict().items()}
+        """The running max and the tree, its leaves up to the ring's filled slots (the others are 0)."""
+        tree = {f"tree.{k}": v for k, v in self.tree.state_dict(leaves=self.storage.filled()).items()}
         return {"max_priority": self.max_priority, **tree}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

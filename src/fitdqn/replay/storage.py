@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import torch
 
-from fitdqn.replay.spec import TransitionSpec
+from fitdqn.transitions import TransitionSpec
+
+
+def filled_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """``tensor[:rows]`` as a tensor of its own, for a checkpoint: ``torch.save`` writes a view's whole storage (a
+    ring one tenth filled would be saved whole). All rows: the tensor itself (``torch.save`` copies a device
+    tensor to the host one storage at a time); fewer: a host copy of those rows (never more device memory)."""
+    if rows == tensor.shape[0]:
+        return tensor
+    return tensor[:rows].to("cpu", copy=True)
 
 
 class RingStorage:
@@ -59,9 +68,10 @@ class RingStorage:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The step counter and the written prefix of every field (the rest of the ring is still zeros), so a
-        checkpoint early in a run is small."""
+        checkpoint holds what the ring holds (:func:`filled_rows`)."""
         filled = self.filled()
-        return {"written": self.written, **{f"field.{name}": t[:filled] for name, t in self.fields.items()}}
+        return {"written": self.written,
+                **{f"field.{name}": filled_rows(t, filled) for name, t in self.fields.items()}}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         names = {key.removeprefix("field.") for key in state if key.startswith("field.")}

@@ -26,6 +26,7 @@ import torch
 from fitdqn.memory.component import tensor_bytes
 from fitdqn.ops import prioritized as prioritized_ops
 from fitdqn.ops import sum_tree as sum_tree_ops
+from fitdqn.replay.storage import filled_rows
 
 DTYPE = prioritized_ops.DTYPE
 
@@ -49,13 +50,12 @@ def sum_tree_bytes(num_leaves: int, fanout: int) -> int:
 class SumTree:
     """Priorities of ``num_leaves`` slots; sample slots with probability proportional to priority."""
 
-    def __init__(self, num_leaves: int, fanout: int, device: torch.device | str, use_triton: bool | None = None):
+    def __init__(self, num_leaves: int, fanout: int, device: torch.device | str):
         self.num_leaves = int(num_leaves)
         self.fanout = int(fanout)
         self.device = torch.device(device)
         self.levels = [torch.zeros(size, dtype=DTYPE, device=self.device) for size in
                        level_sizes(self.num_leaves, self.fanout)]
-        self.use_triton = sum_tree_ops.available(self.device) if use_triton is None else use_triton
 
     @property
     def leaves(self) -> torch.Tensor:
@@ -87,7 +87,7 @@ class SumTree:
 
         Duplicated parents get the same recomputed sum, so the scatter is deterministic.
         """
-        sum_tree_ops.propagate(self.levels, index, self.fanout, fused=self.use_triton)
+        sum_tree_ops.propagate(self.levels, index, self.fanout)
 
     def rebuild(self) -> None:
         """Recompute every internal node from the leaves (after loading leaves wholesale)."""
@@ -115,13 +115,23 @@ class SumTree:
         uniform = torch.rand(batch_size, device=self.device, dtype=DTYPE, generator=generator)  # [B]
         return self.stratified(uniform)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {f"level{depth}": level for depth, level in enumerate(self.levels)}
+    def state_dict(self, leaves: int | None = None) -> dict[str, torch.Tensor]:
+        """Every level; with ``leaves``, of the leaf level only the first ``leaves`` (the rest must be 0: slots
+        never written), as a tensor of its own (:func:`fitdqn.replay.storage.filled_rows`). The upper levels are
+        kept whole, as they are (about 1 / fanout of the leaves): loading rebuilds nothing, so a resumed tree is
+        the saved one bit for bit, whichever kernel summed it."""
+        state = {f"level{depth}": level for depth, level in enumerate(self.levels)}
+        if leaves is not None and leaves < self.num_leaves:
+            state[f"level{len(self.levels) - 1}"] = filled_rows(self.leaves, leaves)
+        return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """The levels of :meth:`state_dict`; a leaf level of fewer entries is padded with zeros."""
         for depth, level in enumerate(self.levels):
             source = state[f"level{depth}"]
-            if source.shape != level.shape:
+            leaf_prefix = depth == len(self.levels) - 1 and source.dim() == 1 and source.shape[0] <= level.shape[0]
+            if source.shape != level.shape and not leaf_prefix:
                 raise ValueError(
                     f"sum tree level {depth}: shape {tuple(source.shape)} != {tuple(level.shape)}")
-            level.copy_(source)
+            level.zero_()
+            level[: source.shape[0]].copy_(source)

@@ -2,7 +2,7 @@
 re-plan the batch from what is free now, rebuild what the batch size touches (the update graph), log it,
 and go on from the last consistent state.
 
-Re-planning traces the update at the candidate batch, as the planner does (``budget.build.build_components``
+Re-planning traces the update at the candidate batch, as the planner does (``fitdqn.plan.build.build_components``
 anchored there, with the replay capacity the trainer holds): the batch whose traced step, with its graph pool,
 fits in what is free now, not a guess such as half the old one. The batch it settles on is the trainer's
 ``oom_batch_size``, which the checkpoint keeps and a resumed run uses.
@@ -29,7 +29,7 @@ from fitdqn.memory.component import ComponentName
 from fitdqn.plan.build import PlanInputs, build_components
 from fitdqn.plan.planner import BatchSearch
 
-REPLAN_ROUNDS = 4  # traced candidates per re-plan (as budget.build.refine_auto_batch)
+REPLAN_ROUNDS = 4  # traced candidates per re-plan (as plan.build.refine_auto_batch)
 REPLAN_CONVERGED = 0.01  # stop when the next candidate would move the batch by less than this fraction
 
 

@@ -1,6 +1,6 @@
 """`fitdqn profile`: measure training speed across batch sizes on this GPU and write its profile TOML.
 
-Bigger is not always faster (SPEC, rule 6): the profile's batch is the one that *trains* fastest, not the
+Bigger is not always faster: the profile's batch is the one that *trains* fastest, not the
 largest that fits. On the present CUDA GPU:
 
 1. plan with ``budget.batch_size = 0`` to get ``max_fitting_batch`` (capped by ``budget.max_batch``) and build

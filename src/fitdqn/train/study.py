@@ -4,7 +4,8 @@ Each (seed, fold) run is an ordinary run directory under the study's (``seed_S/f
 folds) trained by :func:`fitdqn.train.run.train`; the study directory holds ``config.toml``, ``study.json``
 (its members), ``report.json`` and ``report.md`` (:mod:`fitdqn.evaluate.report`). Running the same command
 again continues a study: finished members (with a report.json) are read back, a member with a checkpoint is
-resumed.
+resumed. The report's headline is the study's ensemble (:mod:`fitdqn.evaluate.ensemble`): each fold's members
+acting as one policy on that fold's test bars, the folds joined in time.
 """
 
 from __future__ import annotations
@@ -14,23 +15,28 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from rich.console import Console
 
 from fitdqn.config import Config
+from fitdqn.evaluate.backtest import SplitSizes
+from fitdqn.evaluate.ensemble import EnsemblePolicy, evaluate_ensemble
 from fitdqn.evaluate.report import study_markdown, study_summary, study_verdict
 from fitdqn.evaluate.walk_forward import FOLD_NAME, Fold, fold_market, folds_for, run_fold
-from fitdqn.files import CHECKPOINT_NAME
+from fitdqn.files import CHECKPOINT_NAME, STUDY_NAME
+from fitdqn.learn.learner import Learner
 from fitdqn.market.data import bars_per_year
+from fitdqn.market.env import STATE_DIM, position_levels
 from fitdqn.market.loader import Market, load_market, market_contract
-from fitdqn.train.checkpoint import atomic_write_text
+from fitdqn.train.checkpoint import atomic_write_text, restore_network
 from fitdqn.train.run import evaluate_run, print_report, resume_config, train
 from fitdqn.train.trainer import write_run_config
 
-STUDY_NAME = "study.json"
 # what the study lists of each member: where it is, the epoch chosen on validation, that network's validation
 # Sharpe (what chose it) and test Sharpe (two studies of the same seeds and folds compare member by member)
 MEMBER_KEYS = ("seed", "fold", "dir", "selected_epoch", "validation_sharpe", "test_sharpe")
+ENSEMBLE_PNL = "ensemble_test_pnl.csv"  # the ensemble's test P&L, fold by fold (the report's headline book)
 
 
 def is_study(config: Config) -> bool:
@@ -96,17 +102,49 @@ def run_study(config: Config, run_dir: Path, console: Console | None = None,
                             "pnl": pd.read_csv(sub / "test_pnl.csv")})
     if seed_indices is not None:
         return None
-    summary = study_summary(members, config, bars_per_year(market.bars["timestamp"]))
+    ensemble = ensemble_pnl(run_dir, members, market, "test")
+    summary = study_summary(members, config, bars_per_year(market.bars["timestamp"]), ensemble)
     summary["verdict"] = study_verdict(summary, config)
     summary["members"] = [{k: m[k] for k in MEMBER_KEYS} for m in members]
     summary["member_code"] = distinct_code(members)
     summary["folds_layout"] = [f.to_json() for f in folds if f is not None]
     atomic_write_text(run_dir / STUDY_NAME, json.dumps(summary["members"], indent=2))
+    atomic_write_text(run_dir / ENSEMBLE_PNL, ensemble_frame(members, ensemble).to_csv(index=False))
     atomic_write_text(run_dir / "report.json", json.dumps(summary, indent=2))
     markdown = study_markdown(summary, config, str(run_dir), market.contract)
     atomic_write_text(run_dir / "report.md", markdown)
     print_report(console, markdown)
     return summary
+
+
+def ensemble_pnl(run_dir: Path, members: list[dict[str, Any]], market: Market, split: str, network: str = "best"
+                 ) -> dict[int, np.ndarray]:
+    """fold -> the net P&L per bar of the fold's ensemble (:class:`fitdqn.evaluate.ensemble.EnsemblePolicy` of the
+    members trained on it, their ``network``) over the fold's ``split``, on the CPU; the members as listed in
+    ``members`` (``fold``, ``dir`` relative to ``run_dir``)."""
+    out = {}
+    for index in sorted({m["fold"] for m in members}):
+        dirs = [run_dir / m["dir"] for m in members if m["fold"] == index]
+        config = resume_config(dirs[0])  # the members of a fold differ by their seed only
+        learners = []
+        for sub in dirs:
+            learner = Learner(config, STATE_DIM, "cpu")
+            restore_network(learner, sub, network, "cpu")
+            learners.append(learner)
+        fold = run_fold(dirs[0])
+        view = fold_market(market, fold, config) if fold is not None else market
+        policy = EnsemblePolicy(learners, position_levels(config.net.branches[0], config.market.max_contracts))
+        out[index] = evaluate_ensemble(policy, view, split, SplitSizes.of_config(config, view)).pnl
+    return out
+
+
+def ensemble_frame(members: list[dict[str, Any]], ensemble: dict[int, np.ndarray]) -> pd.DataFrame:
+    """The ensemble's P&L per bar, the folds in order: ``fold``, ``timestamp`` (the fill bar's), ``pnl``."""
+    parts = []
+    for fold, pnl in sorted(ensemble.items()):
+        stamps = next(m["pnl"]["timestamp"] for m in members if m["fold"] == fold)
+        parts.append(pd.DataFrame({"fold": fold, "timestamp": stamps.to_numpy(), "pnl": pnl}))
+    return pd.concat(parts, ignore_index=True)
 
 
 def distinct_code(members: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -129,7 +167,9 @@ def evaluate_study(run_dir: Path, split: str, device_spec: str, console: Console
         results = evaluate_run(sub, split, device_spec, console, network)
         members.append({**m, "capital": results["capital"], "test": results, "selected_epoch": results["epoch"],
                         "pnl": pd.read_csv(sub / f"evaluate_{split}_pnl.csv")})
-    summary = study_summary(members, config, members[0]["test"]["periods_per_year"])
+    market = load_market(config.market, window=config.net.window, device="cpu")
+    ensemble = ensemble_pnl(run_dir, members, market, split, network)
+    summary = study_summary(members, config, members[0]["test"]["periods_per_year"], ensemble)
     summary["verdict"] = study_verdict(summary, config)
     print_report(console, study_markdown(summary, config, str(run_dir), _contract(config)))  # before the file
     atomic_write_text(run_dir / f"evaluate_{split}.json", json.dumps(summary, indent=2))

@@ -1,12 +1,15 @@
-"""`fitdqn tune --report DIR`: the trials as a table, and PNGs of the optimisation history and the parameters'
+"""`fitdqn tune --report DIR`: the trials as a table, the best trial's Sharpe deflated for the tries (the deflated
+Sharpe ratio, :mod:`fitdqn.evaluate.significance`), and PNGs of the optimisation history and the parameters'
 importances (Optuna's matplotlib plots; importances need at least two complete trials)."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
@@ -14,7 +17,8 @@ from rich.table import Table
 
 from fitdqn.config import TuneConfig
 from fitdqn.errors import UserError
-from fitdqn.tune.study import BEST_FILE, STUDY_FILE, open_storage, requeued_numbers
+from fitdqn.evaluate.significance import deflated_sharpe
+from fitdqn.tune.study import BEST_FILE, STUDY_FILE, open_storage, requeued_numbers, tried_values
 
 HISTORY_PNG = "history.png"
 IMPORTANCES_PNG = "importances.png"
@@ -98,6 +102,37 @@ def format_value(value: Any, spec: str = ".4g") -> str:
     return str(value)
 
 
+def tries_counted(study: optuna.Study) -> dict[str, Any] | None:
+    """The best trial's validation Sharpe deflated for the tries: every trial tried on validation (complete or
+    pruned) and the variance of their Sharpes; the returns' length, skew and kurtosis from the best trial's run
+    (its report.json's validation split; normal returns over its validation bars where the report predates
+    them). None unless the objective is the validation Sharpe and at least two trials were tried."""
+    best = best_number(study)
+    values = tried_values(study)
+    if study.user_attrs.get("objective") != "validation_sharpe" or best is None or len(values) < 2:
+        return None
+    trial = study.trials[best]
+    try:
+        report = json.loads((Path(trial.user_attrs["run_dir"]) / "report.json").read_text())
+        validation = report["validation"]
+    except (KeyError, OSError, json.JSONDecodeError):
+        return None
+    moments = validation["agent"].get("return_moments") or {"bars": validation["bars"], "skew": 0.0,
+                                                            "kurtosis": 3.0}
+    return {**deflated_sharpe(float(trial.value), float(validation["periods_per_year"]), moments, len(values),
+                              float(np.var(values, ddof=1))), "trial": best}
+
+
+def deflated_line(deflated: dict[str, Any]) -> str:
+    value = deflated["deflated_sharpe"]
+    return (f"deflated Sharpe: trial {deflated['trial']}'s validation Sharpe {deflated['sharpe']:.2f} is the best of "
+            f"{deflated['trials']} tried (their Sharpes' variance {deflated['trials_sharpe_variance']:.3g}); luck "
+            f"alone gives a best of {deflated['expected_max_sharpe']:.2f}, so the probability that its true Sharpe is "
+            f"above that is {'-' if value is None else f'{value:.2f}'} (the deflated Sharpe ratio, over "
+            f"{deflated['bars']} validation bars of skew {deflated['skew']:.2f} and kurtosis "
+            f"{deflated['kurtosis']:.2f}). A run trained from best.toml deflates its test Sharpe the same way.")
+
+
 def write_plots(study: optuna.Study, out_dir: Path) -> tuple[list[Path], list[str]]:
     """history.png always (with any finished trial); importances.png with >= 2 complete trials."""
     import matplotlib
@@ -146,6 +181,9 @@ def print_report(tune_dir: Path, tune: TuneConfig, console: Console | None = Non
         trial = study.trials[best]
         console.print(f"best: trial {best}, {study.user_attrs.get('objective', 'value')} {trial.value:.4f}; "
                       f"run {trial.user_attrs.get('run_dir', '?')}; config {tune_dir / BEST_FILE}", highlight=False)
+        deflated = tries_counted(study)
+        if deflated is not None:
+            console.print(deflated_line(deflated), highlight=False, markup=False)
     if plots:
         written, notes = write_plots(study, tune_dir)
         for note in notes:

@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.pruners import BasePruner, MedianPruner, NopPruner
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
@@ -185,12 +186,37 @@ def best_config(base: Config, study: optuna.Study) -> tuple[Config, FrozenTrial]
     return with_overrides(base, dict(best.params)), best
 
 
+def tried_values(study: optuna.Study) -> list[float]:
+    """The objective of every trial that was tried on validation: a complete trial's value, a pruned trial's last
+    reported one (failed trials never reached validation)."""
+    values = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if trial.state == TrialState.COMPLETE:
+            values.append(float(trial.value))
+        elif trial.intermediate_values:
+            values.append(float(trial.intermediate_values[max(trial.intermediate_values)]))
+    return values
+
+
+def tries_of(base: Config, study: optuna.Study, tune_dir: Path) -> dict[str, Any]:
+    """What a report needs to deflate the best trial's Sharpe for the tries (``evaluate.tried_*``): their number and
+    the variance of their validation Sharpes (none unless the objective is the validation Sharpe)."""
+    values = tried_values(study)
+    if base.tune.objective != "validation_sharpe" or len(values) < 2:
+        return {}
+    return {"evaluate.tried_configs": len(values), "evaluate.tried_sharpe_variance": float(np.var(values, ddof=1)),
+            "evaluate.tried_in": f"tune study '{study.study_name}' of {tune_dir}"}
+
+
 def write_best_config(base: Config, study: optuna.Study, tune_dir: Path) -> Path | None:
-    """``best.toml``: what ``fitdqn train --config`` takes to train the best trial's config again."""
+    """``best.toml``: what ``fitdqn train --config`` takes to train the best trial's config again, with where it came
+    from (``evaluate.tried_*``: the study, its trials and their Sharpes' variance, so that run's report deflates its
+    Sharpe for them)."""
     found = best_config(base, study)
     if found is None:
         return None
     config, trial = found
+    config = with_overrides(config, tries_of(base, study, tune_dir))
     header = (f"# best trial {trial.number} of study '{study.study_name}': {base.tune.objective} = {trial.value:.4f}"
               f"\n# run: {trial.user_attrs.get('run_dir', '?')}\n# train it again: fitdqn train --config "
               f"{tune_dir / BEST_FILE}\n")

@@ -1,16 +1,21 @@
-"""What one transition is made of: named fields with a per-row shape and dtype.
+"""The transition contract between the env, the replay and the replay's operators: what one transition is made of
+(named fields, each with a per-row shape and dtype) and the bits of its ``flags`` field.
 
-The env declares ``transition_spec() -> dict[str, FieldSpec]``; the replay allocates one ring tensor
-``[capacity, *shape]`` per field from it and the planner counts bytes from the same spec.
+The env declares ``transition_spec() -> dict[str, FieldSpec]`` (:mod:`fitdqn.market.layout`) and sets the flag
+bits; the replay allocates one ring tensor ``[capacity, *shape]`` per field from the spec, the planner counts bytes
+from the same spec, and the replay's gather (:mod:`fitdqn.ops.replay_gather`) reads the bits. It imports nothing of
+fitdqn, so market/, replay/ and ops/ all import it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from fitdqn.memory.component import tensor_bytes
+TERMINAL = 1  # flags bit 0: no bootstrap
+EPISODE_END = 2  # flags bit 1: last step of the episode
 
 
 @dataclass(frozen=True)
@@ -22,7 +27,7 @@ class FieldSpec:
 
     def row_bytes(self) -> int:
         """Bytes of one row of this field."""
-        return tensor_bytes(self.shape, self.dtype)
+        return math.prod(self.shape) * self.dtype.itemsize
 
     def batched(self, rows: int) -> tuple[int, ...]:
         """Shape of ``rows`` rows: ``[rows, *shape]``."""
@@ -39,7 +44,7 @@ def bytes_per_transition(spec: TransitionSpec) -> int:
 
 def storage_bytes(spec: TransitionSpec, capacity: int) -> int:
     """Bytes of the ring tensors for ``capacity`` transitions."""
-    return sum(tensor_bytes(field.batched(capacity), field.dtype) for field in spec.values())
+    return capacity * bytes_per_transition(spec)
 
 
 def check_rows(spec: TransitionSpec, rows: dict[str, torch.Tensor], num_rows: int) -> None:
