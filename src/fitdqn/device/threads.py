@@ -5,8 +5,10 @@ than the process gets: on 2 usable cores a pool of 16 threads spends its time wa
 count is the CPU affinity mask, capped by a cgroup CPU quota (``cpu.max``, cgroup v2; ``cpu.cfs_quota_us``, v1).
 Of those, auto takes the ones the machine's other work leaves idle (its cores less the 1-minute load average,
 at least 1): a thread that waits for a busy core holds up the pool's others at every operation. Measured on a
-2-core CPU shared with other jobs, the default synthetic run (small nets): 2 epochs at load 1.4-5.5 took 47 s with
-1 thread against 96 s with 2; 1 epoch at load 11 took 236 s with 1 thread, and with 2 had not ended after 12 min.
+2-core CPU shared with other jobs (load 1.4-12), the default synthetic run: 2 epochs of the small nets took 47 s
+with 1 thread against 96 s with 2 (load 1.4-5.5); the first epoch updated at 8.5 against 0.4 updates/s with the
+small nets and 0.3 against 0.2 with the full widths (load 6-12); one epoch at load 10-12 took 236 s (small) and
+378 s (full) with 1 thread, while with 2 neither had ended after 15 min. An idle machine keeps every core.
 ``OMP_NUM_THREADS`` (what PyTorch itself reads) wins over that count, and ``train.threads`` over both; a run
 records the count it used in its config.toml.
 """
