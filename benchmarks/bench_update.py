@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", default="eager,graphed", help="eager and/or graphed (graphed: CUDA only)")
     parser.add_argument("--no-trace", action="store_true", help="skip the traced (planner) measurement")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override, e.g. --set learn.precision=fp32 --set net.iqn_chunk=8")
+                        help="config override, e.g. --set learn.precision=fp32 --set net.iqn_embedding=32")
     return parser.parse_args(argv)
 
 
@@ -61,7 +61,7 @@ def summary(times: list[float]) -> dict[str, float]:
 
 def trace_update(config: Config, state_dim: int, device: torch.device, batch_size: int):
     """The planner's trace of the same update (fake tensors; ``fitdqn.memory.trace``)."""
-    # as the planner traces it: the IQN kernels and the precision the device will pick (the fake tensors may be
+    # as the planner traces it: the precision the device will pick (the fake tensors may be
     # CPU ones standing in for CUDA tensors)
     config, _ = trace_config(config, probe(str(device)))
 

@@ -1,13 +1,13 @@
 """The ops one training step runs for a CUDA target, counted on a CPU: a census of the update's kernel launches.
 
     PYTHONPATH=src python benchmarks/launch_census.py --out census.json            # the default CUDA config
-    PYTHONPATH=src python benchmarks/launch_census.py --kernels torch --list       # the plain kernel set, op by op
+    PYTHONPATH=src python benchmarks/launch_census.py --list                       # op by op
 
 The update is launch-bound on a GPU (a few microseconds a kernel in its CUDA graph), so the number of ops it runs is
 a first measure of a change that fuses some, before any GPU is at hand. The step is the trainer's own
 (``fitdqn.plan.build.make_train_step``: replay sampling, the learner's update, the new priorities), traced as the
-planner traces it (``fitdqn.memory.trace``: fake tensors, CUDA's autocast rules, the network widths and kernel set of
-a CUDA run); a dispatch mode inside the trace counts every op the last traced step dispatches.
+planner traces it (``fitdqn.memory.trace``: fake tensors, CUDA's autocast rules, the network widths of a CUDA run,
+the operators' fake kernels); a dispatch mode inside the trace counts every op the last traced step dispatches.
 
 What the count is and is not: each ATen op and each ``fitdqn::`` operator counts once; views, allocations and host
 scalars launch nothing and are left out. It is not the GPU's launch count: an operator may launch several Triton
@@ -87,12 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=8192, help="the update's batch (default 8192)")
-    parser.add_argument("--kernels", choices=("triton", "torch"), default="triton", help="net.kernels (default triton)")
     parser.add_argument("--list", action="store_true", help="print every op in order, with shapes and dtypes")
     parser.add_argument("--out", help="JSON results file")
     args = parser.parse_args(argv)
-    config = with_overrides(Config(), {"market.data": "synthetic", "net.kernels": args.kernels,
-                                       "budget.batch_size": args.batch})
+    config = with_overrides(Config(), {"market.data": "synthetic", "budget.batch_size": args.batch})
     config = for_device(config, "cuda")
     ops = census(config, args.batch)
     counts = collections.Counter(name for name, _, _ in ops)
@@ -101,11 +99,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{index:4d} {name} {shapes} {dtypes}")
     for name, count in counts.most_common():
         print(f"{count:5d} {name}")
-    print(f"{len(ops)} ops in one step at batch {args.batch} (net.kernels = {args.kernels}), commit {code_commit()}")
+    print(f"{len(ops)} ops in one step at batch {args.batch}, commit {code_commit()}")
     if args.out:
         result = {"commit": code_commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__,
                   "command": " ".join(["launch_census.py", *(argv if argv is not None else sys.argv[1:])]),
-                  "batch": args.batch, "kernels": args.kernels, "ops": len(ops), "by_op": dict(counts.most_common())}
+                  "batch": args.batch, "ops": len(ops), "by_op": dict(counts.most_common())}
         write_json(args.out, result)
     return 0
 

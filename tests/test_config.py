@@ -186,3 +186,17 @@ def test_a_removed_replay_key_gives_one_error_saying_it_is_gone(key, tmp_path):
     written.write_text(dump_config(Config()).replace(f"[{section}]\n", f"[{section}]\n{name} = false\n"))
     assert f"{name} = false" in written.read_text()
     assert load_run_config(written) == Config()
+
+
+@pytest.mark.parametrize("key", ["net.kernels", "net.iqn_chunk"])
+def test_a_removed_key_says_it_is_gone_in_a_file_and_on_the_command_line(key, tmp_path, capsys):
+    from fitdqn.cli import main
+
+    section, name = key.split(".")
+    path = tmp_path / "old.toml"
+    path.write_text(f"[{section}]\n{name} = 8\n")
+    with pytest.raises(ConfigError, match=f"config key '{key}' was removed: .*delete it from the config"):
+        load_config(path)
+    with pytest.raises(SystemExit) as exit_:  # argparse's exit: one line that says why
+        main(["plan", f"--{key}", "8"])
+    assert exit_.value.code == 2 and f"--{key} was removed: " in capsys.readouterr().err

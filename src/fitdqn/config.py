@@ -28,6 +28,8 @@ class ConfigError(UserError):
 INF = math.inf
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds both take it
 SYNTHETIC_DATA = "synthetic"  # market.data of the generated market (fitdqn.market.data.synthetic_bars)
+WIDTH_MAX = 2**16  # the most a net width, atom or quantile count, or tree fanout may ask for: beyond, a typo
+SYNTHETIC_BARS_MAX = 10**8  # synthetic bars generated at most (~5 GB of bars and features): beyond, a typo
 
 
 @dataclass(frozen=True)
@@ -93,29 +95,19 @@ class NetConfig:
                      "on the synthetic market they generalise better on a GPU too), 'full' (the widths below); "
                      "'auto' = 'small' (older config files)", choices=("auto", "full", "small"))
     window: int = knob(8, "bars per observation: the attention block attends over this many bar tokens", ge=1)
-    trunk_hidden: int = knob(512, "first trunk layer width (state -> trunk_hidden -> d_model)", ge=1)
-    d_model: int = knob(256, "trunk output width = attention model width", ge=1)
+    trunk_hidden: int = knob(512, "first trunk layer width (state -> trunk_hidden -> d_model)", ge=1, le=WIDTH_MAX)
+    d_model: int = knob(256, "trunk output width = attention model width", ge=1, le=WIDTH_MAX)
     attention_heads: int = knob(4, "self-attention heads over the bar tokens", ge=1)
-    stream_hidden: int = knob(128, "hidden width of each dueling value/advantage stream", ge=1)
+    stream_hidden: int = knob(128, "hidden width of each dueling value/advantage stream", ge=1, le=WIDTH_MAX)
     branches: tuple[int, ...] = knob((5, 5, 5), "sub-actions per branch: target position, stop, take-profit "
                                      "(n, 5, 5); a bracket branch of 1 never places that order", ge=1)
-    num_atoms: int = knob(51, "C51 atoms per sub-action", ge=2)
+    num_atoms: int = knob(51, "C51 atoms per sub-action", ge=2, le=WIDTH_MAX)
     v_min: float = knob(-10.0, "lowest C51 support value", ge=-INF, le=INF)
     v_max: float = knob(10.0, "highest C51 support value", ge=-INF, le=INF)
-    iqn_embedding: int = knob(64, "IQN cosine embedding size", ge=1)
-    iqn_quantiles: int = knob(64, "IQN quantile samples in training (N = N')", ge=1)
-    iqn_act_quantiles: int = knob(32, "IQN quantile samples for acting (K)", ge=1)
-    iqn_chunk: int = knob(
-        16, "quantiles per chunk in the chunked IQN head (smaller: less activation memory, more kernels)", ge=1
-    )
-    kernels: str = knob(
-        "auto", "kernels of the IQN head, attention core, quantile Huber loss and prioritized replay's draw and "
-        "update: 'auto' (Triton when the target device is CUDA and Triton is installed, else 'torch'), 'triton' "
-        "(fused operators; plain maths on the CPU), 'torch' (plain PyTorch ops: chunked IQN head, elementwise "
-        "attention, closed-form loss, the replay's draw op by op)",
-        choices=("auto", "triton", "torch"),
-    )
-    iql_hidden: int = knob(128, "IQL value net width (state -> h -> h -> 1)", ge=1)
+    iqn_embedding: int = knob(64, "IQN cosine embedding size", ge=1, le=WIDTH_MAX)
+    iqn_quantiles: int = knob(64, "IQN quantile samples in training (N = N')", ge=1, le=WIDTH_MAX)
+    iqn_act_quantiles: int = knob(32, "IQN quantile samples for acting (K)", ge=1, le=WIDTH_MAX)
+    iql_hidden: int = knob(128, "IQL value net width (state -> h -> h -> 1)", ge=1, le=WIDTH_MAX)
 
 
 @dataclass(frozen=True)
@@ -193,7 +185,7 @@ class ReplayConfig:
                          "the first epoch)", ge=0)
     tree_fanout: int = knob(64, "children per node of the prioritized sum tree (wide: a shallow tree, a few "
                             "batched kernels per descent; each descent step reads this many priorities per "
-                            "sample)", ge=2)
+                            "sample)", ge=2, le=WIDTH_MAX)
 
 
 @dataclass(frozen=True)
@@ -230,7 +222,7 @@ class MarketConfig:
     reward_support_sigmas: float = knob(
         4.0, "derived reward scale: the C51 support's half-width (net.v_max) holds this many standard deviations "
         "of the full-position discounted return (learn.gamma) on the training split", gt=0)
-    synthetic_bars: int = knob(6000, "bars generated for 'synthetic'", ge=2)
+    synthetic_bars: int = knob(6000, "bars generated for 'synthetic'", ge=2, le=SYNTHETIC_BARS_MAX)
     synthetic_signal: float = knob(0.3, "strength of the planted predictable component in 'synthetic'",
                                    ge=-INF, le=INF)
     seed: int = knob(0, "seed for the synthetic market", ge=0, le=SEED_MAX)
@@ -459,7 +451,6 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
 
 
 RENAMED_KEYS = {
-    "net.iqn_kernel": "'net.kernels' (values 'auto', 'triton', 'torch'; 'chunked' is now 'torch')",
     "train.replay_ratio": "'train.sample_reuse' (samples drawn per transition collected; the same number: "
     "updates = reuse x collected / batch)",
     "learn.epsilon_decay_steps": "'learn.epsilon_decay_fraction' (the share of the run's env steps over which "
@@ -471,6 +462,11 @@ REMOVED_KEYS = {
     "(Triton on CUDA); there is nothing to compile",
     "replay.fused_gather": "the replay always gathers a batch with the operator fitdqn::replay_gather (Triton on "
     "CUDA, the torch maths on the CPU)",
+    "net.kernels": "the networks and losses call the fitdqn:: operators, which pick their kernels by device "
+    "(Triton on CUDA, the plain maths on the CPU; FITDQN_TRITON=0 turns Triton off for debugging)",
+    "net.iqn_chunk": "the IQN operator's CPU kernel chunks the quantiles itself; its CUDA kernel keeps no "
+    "[B, N, d] tensor",
+    "net.iqn_kernel": "the networks and losses call the fitdqn:: operators, which pick their kernels by device",
 }
 
 
@@ -510,9 +506,14 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file '{path}' not found")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"config file '{path}' is not valid TOML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file '{path}' is not text (byte {error.start:,} is "
+                          f"0x{error.object[error.start]:02x}): give a TOML file") from None
+    except OSError as error:
+        raise ConfigError(f"config file '{path}' cannot be read: {error.strerror or error}") from None
 
 
 def load_config(path: str | Path, base: Config | None = None) -> Config:
@@ -530,16 +531,21 @@ def load_run_config(path: str | Path) -> Config:
     """The config a run wrote (``config.toml`` of a run directory): :func:`load_config`, where a key the file
     predates (:data:`PREDATED_KEYS`) takes the value runs had then, and a key removed since (:data:`REMOVED_KEYS`:
     none changed what a run computes) is dropped."""
-    data = read_toml(path)
-    for key in REMOVED_KEYS:
-        section, name = key.split(".")
-        if isinstance(data.get(section), dict):
-            data[section].pop(name, None)
-    for key, value in PREDATED_KEYS.items():
-        section, name = key.split(".")
-        if isinstance(data.get(section, {}), dict):  # a malformed section: config_from_dict names it
-            data.setdefault(section, {}).setdefault(name, value)
-    return config_from_dict(data)
+    try:
+        data = read_toml(path)
+        for key in REMOVED_KEYS:
+            section, name = key.split(".")
+            if isinstance(data.get(section), dict):
+                data[section].pop(name, None)
+        for key, value in PREDATED_KEYS.items():
+            section, name = key.split(".")
+            if isinstance(data.get(section, {}), dict):  # a malformed section: config_from_dict names it
+                data.setdefault(section, {}).setdefault(name, value)
+        return config_from_dict(data)
+    except ConfigError as error:
+        where = "" if str(path) in str(error) else f"'{path}': "
+        raise ConfigError(f"{where}{error} (the config a run wrote and reads back: fix what it names, or restore the "
+                          "file; fitdqn writes every key of the run into it)") from None
 
 
 def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 The plan, the trainer, the checkpoint and the run's ``config.toml`` all see the resolved form: no part of the
 library decodes an 'auto' of its own. What depends on the device kind alone (``collect.num_envs``,
-``collect.steps_per_epoch``, ``net.size``) is ``fitdqn.config.for_device``'s table; the kernels, the precision and
+``collect.steps_per_epoch``, ``net.size``) is ``fitdqn.config.for_device``'s table; the precision and
 the learning rate's base batch (the profile's tested batch) depend on the device itself; the reward scale on the
 training split's bars. The batch is the plan's to choose (it needs the memory): ``fitdqn.config.batch_choice`` is
 the one reading of ``budget.batch_size``.
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from fitdqn.config import Config, for_device
 from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import load_profiles, match_profile
-from fitdqn.ops.kernels import resolve_kernels
 
 if TYPE_CHECKING:  # the market's data pipeline (pandas): not imported to plan from a stored trace
     from fitdqn.market.env import RewardScale
@@ -33,10 +32,9 @@ def resolved_precision(precision: str, device: DeviceInfo) -> str:
 def resolve_device(config: Config, device: DeviceInfo) -> Config:
     """``config`` with every device-dependent 'auto' settled for ``device``; idempotent."""
     config = for_device(config, device.kind)
-    net = dataclasses.replace(config.net, kernels=resolve_kernels(config.net.kernels, device.kind))
     learn = dataclasses.replace(config.learn, precision=resolved_precision(config.learn.precision, device),
                                 lr_base_batch=resolved_lr_base_batch(config, device))
-    return dataclasses.replace(config, net=net, learn=learn)
+    return dataclasses.replace(config, learn=learn)
 
 
 def resolved_lr_base_batch(config: Config, device: DeviceInfo) -> int:

@@ -18,7 +18,7 @@ from fitdqn.learn import Learner, random_batch
 
 STATE_DIM = 10
 SMALL_NET = NetConfig(window=4, trunk_hidden=32, d_model=16, attention_heads=4, stream_hidden=16, num_atoms=11,
-                      iqn_embedding=8, iqn_quantiles=8, iqn_act_quantiles=4, iqn_chunk=3, iql_hidden=16)
+                      iqn_embedding=8, iqn_quantiles=8, iqn_act_quantiles=4, iql_hidden=16)
 
 
 def small_config() -> Config:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 from support.projection_reference import project_loop
+from support.reference import losses as reference
 
 from fitdqn.learn.losses import categorical_projection, expectile_loss, quantile_huber_loss, weighted_losses
 
@@ -120,9 +119,12 @@ def reference_losses(c51_target, log_probs, iqn, v, v_target, weight, loss_weigh
     return (means * loss_weights).sum(), means, c51
 
 
-@pytest.mark.parametrize("fused", [False, True])
+ORACLES = {"operator": weighted_losses, "plain function": reference.weighted_losses}
+
+
+@pytest.mark.parametrize("function", ORACLES)
 @pytest.mark.parametrize("v_dtype", [torch.float32, torch.bfloat16])
-def test_weighted_losses_equal_autograds_lines_and_their_gradients(v_dtype, fused):
+def test_weighted_losses_equal_autograds_lines_and_their_gradients(v_dtype, function):
     generator = torch.Generator().manual_seed(0)
     batch, branches, atoms = 64, 3, 11
     c51_target = torch.softmax(torch.randn(batch, branches, atoms, generator=generator), -1)  # [B, br, A]
@@ -133,7 +135,7 @@ def test_weighted_losses_equal_autograds_lines_and_their_gradients(v_dtype, fuse
     weight = torch.rand(batch, generator=generator) + 0.1  # [B]
     loss_weights = torch.tensor([1.0, 0.5, 2.0])
     runs = []
-    for losses in (functools.partial(weighted_losses, fused=fused), reference_losses):
+    for losses in (ORACLES[function], reference_losses):
         inputs = [logits.clone().requires_grad_(), iqn.clone().requires_grad_(), v.clone().requires_grad_()]
         log_probs = torch.log_softmax(inputs[0], -1)
         loss, means, priorities = losses(c51_target, log_probs, inputs[1], inputs[2], v_target, weight, loss_weights,
@@ -148,15 +150,14 @@ def test_weighted_losses_equal_autograds_lines_and_their_gradients(v_dtype, fuse
     assert not means.requires_grad and not priorities.requires_grad
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_weighted_losses_follow_the_importance_weights(fused):
+@pytest.mark.parametrize("function", ORACLES)
+def test_weighted_losses_follow_the_importance_weights(function):
     """A sample of weight 0 moves nothing; doubling every weight doubles the loss and every gradient."""
     c51_target = torch.softmax(torch.randn(4, 2, 5), -1)
     log_probs = torch.log_softmax(torch.randn(4, 2, 5), -1).requires_grad_()
     iqn, v = torch.rand(4).requires_grad_(), torch.randn(4).requires_grad_()
     weight, loss_weights = torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.ones(3)
-    loss, _, _ = weighted_losses(c51_target, log_probs, iqn, v, torch.randn(4), weight, loss_weights, 0.7,
-                                 fused=fused)
+    loss, _, _ = ORACLES[function](c51_target, log_probs, iqn, v, torch.randn(4), weight, loss_weights, 0.7)
     loss.backward()
     assert log_probs.grad[1].abs().sum() == 0 and iqn.grad[1] == 0 and v.grad[1] == 0
     assert torch.all(iqn.grad[[0, 2, 3]] == 0.25)  # d mean_B(w * iqn) / d iqn_i = w_i / B

@@ -5,12 +5,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-import dataclasses
 from unittest import mock
 
 import pytest
 import torch
 from learn_helpers import SMALL_NET, STATE_DIM, make_batch, make_learner, small_config
+from support.reference import losses as reference
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fitdqn.config import Config, NetConfig
@@ -159,13 +159,11 @@ def test_unequal_branches():
     assert set(actions[:, 2].tolist()) == {0, 1}
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_observations_in_the_autocast_dtype_update_as_float32_ones(fused):
+def test_observations_in_the_autocast_dtype_update_as_float32_ones():
     """The replay builds learner batches' observations in the autocast dtype (``system.build_system``): every
     network reads them through linear layers, which autocast casts to that dtype anyway, so the update is the one
     of float32 observations, bit for bit (losses, priorities, parameters)."""
     config = small_config(precision="bf16")
-    config = dataclasses.replace(config, net=dataclasses.replace(config.net, kernels="triton" if fused else "torch"))
     batch = make_batch(32, config=config)
     low = {**batch, "obs": batch["obs"].bfloat16(), "next_obs": batch["next_obs"].bfloat16()}
     outs, learners = [], []
@@ -180,19 +178,17 @@ def test_observations_in_the_autocast_dtype_update_as_float32_ones(fused):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("kernels", ["torch", "triton"])
-def test_the_update_runs_the_weighted_loss_operators_with_the_fused_kernels(kernels):
-    """``net.kernels = 'triton'``: the weighted loss is ``fitdqn::weighted_losses`` and its backward, once each an
-    update; on the update's own inputs both paths give the same gradients and priorities, bit for bit (the CPU
-    kernels), and the same losses within fp32 summation order."""
+def test_the_update_runs_the_weighted_loss_operators_as_the_plain_function_does():
+    """The weighted loss is ``fitdqn::weighted_losses`` and its backward, once each an update; on the update's own
+    inputs the plain autograd function (``tests/support/reference``) gives the same gradients and priorities, bit
+    for bit (the CPU kernels), and the same losses within fp32 summation order."""
     config = small_config(precision="bf16")
-    config = dataclasses.replace(config, net=dataclasses.replace(config.net, kernels=kernels))
     learner, batch = make_learner(config=config), make_batch(32, config=config)
     calls = []
 
-    def recorded(*args, fused):
-        calls.append((args, fused))
-        return weighted_losses(*args, fused=fused)
+    def recorded(*args):
+        calls.append(args)
+        return weighted_losses(*args)
 
     class Census(TorchDispatchMode):
         def __init__(self):
@@ -206,15 +202,15 @@ def test_the_update_runs_the_weighted_loss_operators_with_the_fused_kernels(kern
     census = Census()
     with mock.patch("fitdqn.learn.learner.weighted_losses", recorded), census:
         learner.update(batch)
-    assert [fused for _, fused in calls] == [kernels == "triton"]
+    assert len(calls) == 1
     operators = [census.counts[f"fitdqn.weighted_losses{suffix}.default"] for suffix in ("", "_backward")]
-    assert operators == ([1, 1] if kernels == "triton" else [0, 0])
+    assert operators == [1, 1]
     c51_target, log_probs, iqn, v, *rest = [arg.detach() if isinstance(arg, torch.Tensor) else arg
-                                            for arg in calls[0][0]]
+                                            for arg in calls[0]]
     runs = []
-    for fused in (False, True):
+    for function in (reference.weighted_losses, weighted_losses):
         leaves = [tensor.clone().requires_grad_() for tensor in (log_probs, iqn, v)]
-        loss, means, priorities = weighted_losses(c51_target, *leaves, *rest, fused=fused)
+        loss, means, priorities = function(c51_target, *leaves, *rest)
         loss.backward()
         runs.append([loss.detach(), means, priorities, *[leaf.grad for leaf in leaves]])
     for index, (got, expected) in enumerate(zip(*runs, strict=True)):
@@ -256,7 +252,6 @@ def test_each_parameter_is_cast_once_an_update_with_the_same_result():
     """The online net runs twice an update (next_obs, obs): each parameter is cast to bf16 once all the same
     (``fitdqn.ops.casts``), and the update is the one that casts at every use, bit for bit."""
     config = small_config(precision="bf16")
-    config = dataclasses.replace(config, net=dataclasses.replace(config.net, kernels="triton"))
     batch = make_batch(32, config=config)
     def every_use(*_):
         return contextlib.nullcontext()

@@ -337,9 +337,8 @@ def small_config(**overrides) -> Config:
                                                 **overrides}), "cuda")
 
 
-@pytest.mark.parametrize("kernels", ["torch", "triton"])
-def test_cuda_graphs_component_of_the_learner_step(kernels):
-    config = small_config(**{"net.kernels": kernels})
+def test_cuda_graphs_component_of_the_learner_step():
+    config = small_config()
     device = what_if("h200", 141 * 2**30, 140 * 2**30)
     traced, note = trace_config(config, device)
     tracer = tracer_for(config, device, traced, 6000)
@@ -352,7 +351,7 @@ def test_cuda_graphs_component_of_the_learner_step(kernels):
     # the line through GRAPH_POOL_BATCHES covers the modelled pool beyond the step's live peak below and between
     # them (safe), and is loose by no more than the page allowance, the largest slack at the fitted batches, or a
     # tenth of the pool. Beyond them the slack is not smooth in the batch (on an H200's kernel shapes the line
-    # through 4096 and 8192 missed the chunked head's slack at 16384 and was 40 % loose for the fused head's), so
+    # through 4096 and 8192 missed a chunked IQN head's slack at 16384 and was 40 % loose for the operator's), so
     # the plan anchors at the batch it settles on (``build_components(anchor=...)``): in proportion to a trace there.
     make_step = make_train_step(traced, 6000, 128 * 64)
 

@@ -1,4 +1,4 @@
-"""Trunk attention, dueling aggregation, branch padding, fused IQN head against its plain reference."""
+"""Trunk attention, dueling aggregation, branch padding, the heads' operators against their plain references."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from support.reference.nets import c51_head, dueling, iqn_head
+from support.reference.nets import fold as plain_fold
 
 from fitdqn.config import NetConfig
-from fitdqn.nets import BranchingDuelingC51, IQNHead, LastTokenAttention, QNetwork, ValueNet, dueling
-from fitdqn.nets.c51 import FoldedOutput
+from fitdqn.nets import BranchingDuelingC51, IQNHead, LastTokenAttention, QNetwork, ValueNet
 from fitdqn.nets.iqn import cosine_embedding
+from fitdqn.ops.fold import folded_output
+from fitdqn.ops.iqn import CHUNK, chunked_quantile_grads, chunked_quantiles, iqn_quantile_head
 
 SMALL = NetConfig(window=4, trunk_hidden=32, d_model=16, attention_heads=4, stream_hidden=16, num_atoms=11,
-                  iqn_embedding=8, iqn_quantiles=8, iqn_act_quantiles=4, iqn_chunk=3, iql_hidden=16)
+                  iqn_embedding=8, iqn_quantiles=8, iqn_act_quantiles=4, iql_hidden=16)
 
 
 def test_dueling_aggregation_matches_formula():
@@ -70,44 +73,60 @@ def test_cosine_embedding():
     torch.testing.assert_close(emb[0, 1], torch.cos(math.pi * torch.arange(4.0) * 0.25))
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 8, 20])
-def test_fused_iqn_head_matches_plain_autograd(chunk):
+@pytest.mark.parametrize("quantiles", [8, CHUNK, 2 * CHUNK + 3])  # one chunk, exactly one, three (a short last)
+def test_iqn_head_matches_plain_autograd(quantiles):
     torch.manual_seed(0)
-    head = IQNHead(16, 8, 15, chunk).double()
+    head = IQNHead(16, 8, 15).double()
     features = torch.randn(4, 16, dtype=torch.float64, requires_grad=True)
-    taus = torch.rand(4, 8, dtype=torch.float64)
-    upstream = torch.randn(4, 8, 15, dtype=torch.float64)
-    fused = head(features, taus)
-    grads_fused = torch.autograd.grad((fused * upstream).sum(), [features, *head.parameters()])
-    ref = head.reference(features, taus)
+    taus = torch.rand(4, quantiles, dtype=torch.float64)
+    upstream = torch.randn(4, quantiles, 15, dtype=torch.float64)
+    out = head(features, taus)
+    grads = torch.autograd.grad((out * upstream).sum(), [features, *head.parameters()])
+    ref = iqn_head(head, features, taus)
     grads_ref = torch.autograd.grad((ref * upstream).sum(), [features, *head.parameters()])
-    torch.testing.assert_close(fused.double(), ref.double())
-    for a, b in zip(grads_fused, grads_ref, strict=True):
+    torch.testing.assert_close(out.double(), ref.double())
+    for a, b in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(a, b)
 
 
-def test_fused_iqn_head_gradcheck():
+@pytest.mark.parametrize("chunk", [1, 3, 8, 20])
+def test_chunked_maths_is_the_same_at_any_chunk(chunk):
+    """The CPU kernels' chunk only bounds the transients: every chunk gives the one-chunk values (fp64)."""
     torch.manual_seed(0)
-    head = IQNHead(6, 4, 5, 2).double()
+    head = IQNHead(16, 8, 15).double()
+    features, taus = torch.randn(4, 16, dtype=torch.float64), torch.rand(4, 9, dtype=torch.float64)
+    grad_out = torch.randn(4, 9, 15, dtype=torch.float64)
+    params = (head.frequencies.double(), head.embed.weight, head.embed.bias, head.out.weight)
+    with torch.no_grad():
+        whole = chunked_quantiles(features, taus, *params, head.out.bias, torch.float64, chunk=9)
+        torch.testing.assert_close(chunked_quantiles(features, taus, *params, head.out.bias, torch.float64,
+                                                     chunk=chunk), whole)
+        for got, want in zip(chunked_quantile_grads(grad_out, features, taus, *params, torch.float64, chunk=chunk),
+                             chunked_quantile_grads(grad_out, features, taus, *params, torch.float64, chunk=9),
+                             strict=True):
+            torch.testing.assert_close(got, want)
+
+
+def test_iqn_operator_gradcheck():
+    torch.manual_seed(0)
+    head = IQNHead(6, 4, 5).double()
     features = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
     taus = torch.rand(3, 5, dtype=torch.float64)
     params = [p.detach().requires_grad_() for p in head.parameters()]
 
     def fn(x, w1, b1, w2, b2):
-        from fitdqn.nets.iqn import QuantileHeadFunction
-
-        return QuantileHeadFunction.apply(x, taus, head.frequencies.double(), w1, b1, w2, b2, 2, torch.float64)
+        return iqn_quantile_head(x, taus, head.frequencies.double(), w1, b1, w2, b2, torch.float64)
 
     assert torch.autograd.gradcheck(fn, (features, *params))
 
 
-def test_fused_iqn_head_under_bf16_autocast_is_close_to_reference():
+def test_iqn_head_under_bf16_autocast_is_close_to_reference():
     torch.manual_seed(0)
-    head = IQNHead(16, 8, 15, 3)
+    head = IQNHead(16, 8, 15)
     features = torch.randn(4, 16)
     taus = torch.rand(4, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        fused, ref = head(features, taus), head.reference(features, taus)
+        fused, ref = head(features, taus), iqn_head(head, features, taus)
     assert fused.dtype == torch.float32
     torch.testing.assert_close(fused, ref, atol=3e-2, rtol=3e-2)
 
@@ -126,14 +145,13 @@ def test_qnetwork_and_value_net_shapes():
     assert ValueNet(10, 16)(obs[:, -1]).shape == (3,)
 
 
-@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("branches", [(5, 5, 5), (5, 3, 4), (2,)])
-def test_folded_c51_head_equals_per_branch_dueling_with_the_same_gradients(branches, fused):
+def test_folded_c51_head_equals_per_branch_dueling_with_the_same_gradients(branches):
     torch.manual_seed(0)
-    head = BranchingDuelingC51(16, 8, branches, 11, fused=fused).double()
+    head = BranchingDuelingC51(16, 8, branches, 11).double()
     features = torch.randn(7, 16, dtype=torch.float64, requires_grad=True)
     upstream = torch.randn(7, len(branches), max(branches), 11, dtype=torch.float64)
-    folded, plain = head(features), head.reference(features)
+    folded, plain = head(features), c51_head(head, features)
     torch.testing.assert_close(folded, plain)
     params = [features, *head.parameters()]
     grads_folded = torch.autograd.grad((folded * upstream).sum(), params)
@@ -148,7 +166,7 @@ def test_folded_c51_head_equals_per_branch_dueling_with_the_same_gradients(branc
 
 
 def _output_layers(head: BranchingDuelingC51) -> list[torch.Tensor]:
-    """FoldedOutput's parameters, in its order, with the padding rows made non-zero (the fold must not read them)."""
+    """The fold's parameters, in its order, with the padding rows made non-zero (the fold must not read them)."""
     params = [head.value.weight, head.value.bias, *[layer.weight for layer in head.advantages],
               *[layer.bias for layer in head.advantages]]
     with torch.no_grad():
@@ -158,17 +176,16 @@ def _output_layers(head: BranchingDuelingC51) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize(("branches", "atoms", "hidden"), [((5, 5, 5), 51, 64), ((3, 5, 2), 11, 8)])
-def test_folded_output_function_equals_the_plain_fold_with_the_same_gradients(branches, atoms, hidden):
+def test_folded_output_equals_the_plain_fold_with_the_same_gradients(branches, atoms, hidden):
     torch.manual_seed(0)
     head = BranchingDuelingC51(16, hidden, branches, atoms)
     assert head.padding_rows > 0
     params = _output_layers(head)
     weight, bias = head._fold()  # [rows, (1 + br) h], [rows]
-    expected_weight, expected_bias = head._fold_reference()
-    tight = {"rtol": 1e-6, "atol": 1e-6}  # the same ops in the same order: equal bit for bit on CPU
+    expected_weight, expected_bias = plain_fold(head)
+    tight = {"rtol": 1e-6, "atol": 1e-6}
     torch.testing.assert_close(weight, expected_weight, **tight)
     torch.testing.assert_close(bias, expected_bias, **tight)
-    assert weight.grad_fn.saved_tensors == ()  # linear in the parameters: backward needs none of them
     upstream_weight, upstream_bias = torch.randn_like(weight), torch.randn_like(bias)  # padding rows too
     grads = torch.autograd.grad((weight * upstream_weight).sum() + (bias * upstream_bias).sum(), params)
     expected = torch.autograd.grad(
@@ -183,13 +200,12 @@ def test_folded_output_function_equals_the_plain_fold_with_the_same_gradients(br
         assert torch.all(grads[2 + len(branches) + index][n * atoms:] == 0)
 
 
-@pytest.mark.parametrize("fused", [False, True])  # FoldedOutput, and the fitdqn::folded_output operator
 @pytest.mark.parametrize("branches", [(5, 5, 5), (3, 5, 2)])
-def test_folded_output_without_a_graph_and_under_autocast(branches, fused):
+def test_folded_output_without_a_graph_and_under_autocast(branches):
     torch.manual_seed(0)
-    head = BranchingDuelingC51(16, 8, branches, 11, fused=fused)
+    head = BranchingDuelingC51(16, 8, branches, 11)
     _output_layers(head)
-    expected_weight, expected_bias = head._fold_reference()
+    expected_weight, expected_bias = plain_fold(head)
     with torch.no_grad():  # the target network's pass
         weight, bias = head._fold()
     assert weight.grad_fn is None and not weight.requires_grad and not bias.requires_grad
@@ -202,8 +218,14 @@ def test_folded_output_without_a_graph_and_under_autocast(branches, fused):
     torch.testing.assert_close(bias, expected_bias, rtol=1e-6, atol=1e-6)
 
 
-def test_folded_output_function_gradcheck():
+def test_folded_output_gradcheck():
     torch.manual_seed(0)
     head = BranchingDuelingC51(4, 2, (2, 3), 3).double()
     params = [p.detach().clone().requires_grad_() for p in _output_layers(head)]
-    assert torch.autograd.gradcheck(lambda *p: FoldedOutput.apply(head, *p), params)
+    branches = len(head.branches)
+
+    def fold(value_weight, value_bias, *advantages):
+        return folded_output(value_weight, value_bias, list(advantages[:branches]), list(advantages[branches:]),
+                             head.branches, head.atoms, head.padding_rows)
+
+    assert torch.autograd.gradcheck(fold, params)

@@ -5,7 +5,7 @@ Why a separate process: as for ``iqn_interpreter.py``, Triton reads ``TRITON_INT
 *defined*, and the setting holds for the whole process.
 
 In this process the Triton launchers are registered as the *CPU* kernels of ``fitdqn::last_token_attention`` and
-its backward op, so the operator, its autograd and ``LastTokenAttention(fused=True)`` run end to end on CPU
+its backward op, so the operator, its autograd and ``LastTokenAttention`` run end to end on CPU
 tensors through the kernels. The interpreter's bf16 gaps are patched as in ``iqn_interpreter.py``.
 
 Errors are ``max |result - reference| / max |reference|`` (the absolute error where the reference is all zeros:
@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from support.reference.nets import attention as reference_attention
 from triton_interpreter import interpreted_main  # next to this script
 from triton_interpreter import relative_error as error
 
@@ -33,7 +34,7 @@ CASES = [
     ("fp16-B5-W8-d64-H4", 5, 8, 64, 4, "float16", False),
 ]
 RESULTS = ("out", "grad_q", "grad_kv")
-# (name, batch, window, d_model, heads, dtype): LastTokenAttention(fused=True), under CPU autocast at bf16
+# (name, batch, window, d_model, heads, dtype): LastTokenAttention, under CPU autocast at bf16
 MODULE_CASES = [
     ("module-fp32", 6, 8, 64, 4, "float32"),
     ("module-bf16", 6, 8, 64, 4, "bfloat16"),
@@ -80,7 +81,7 @@ def module_results(module, tokens, upstream, dtype, reference: bool = False):
     """Output and gradients (tokens, then every parameter) of ``(module(tokens) * upstream).sum()``."""
     tokens = tokens.detach().requires_grad_()
     with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-        out = module.reference(tokens) if reference else module(tokens)
+        out = reference_attention(module, tokens) if reference else module(tokens)
     grads = torch.autograd.grad((out * upstream).sum(), [tokens, *module.parameters()])
     return [out.detach(), *grads]
 
@@ -90,7 +91,7 @@ def run_module_case(name, batch, window, d_model, heads, dtype_name):
 
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
-    module = LastTokenAttention(d_model, heads, fused=True)
+    module = LastTokenAttention(d_model, heads)
     # as the network hands them over: the trunk's tokens in the autocast dtype, and an upstream gradient that the
     # features' dtype holds exactly (the fused path's features are bf16 under autocast, so is their gradient)
     tokens, upstream = torch.randn(batch, window, d_model).to(dtype), torch.randn(batch, d_model).to(dtype).float()

@@ -5,12 +5,12 @@ Why a separate process: as for ``iqn_interpreter.py``, Triton reads ``TRITON_INT
 and the setting holds for the whole process.
 
 In this process the Triton launchers are registered as the *CPU* kernels of ``fitdqn::folded_output`` and its
-backward op, so the operator, its autograd and ``BranchingDuelingC51(fused=True)`` run end to end on CPU tensors
+backward op, so the operator, its autograd and ``BranchingDuelingC51`` run end to end on CPU tensors
 through the kernels. While the operators run, ``torch.empty`` hands out NaN-filled tensors: an element a kernel
 failed to write shows up as NaN.
 
 Per case, for the folded weight and bias and each parameter's gradient: ``torch``, ``max |result - torch maths|``
-(the CPU kernels' ops, FoldedOutput's bits) over ``max |fp64 maths|``; ``fp64``, the same against the torch maths in
+(the CPU kernels' ops) over ``max |fp64 maths|``; ``fp64``, the same against the torch maths in
 fp64 from the same inputs; ``equal``, whether the result equals the torch maths bit for bit; ``zeros``, whether
 every element the fp64 maths makes exactly zero (padded sub-actions, padding rows, other branches' blocks) is zero.
 """
@@ -18,8 +18,10 @@ every element the fp64 maths makes exactly zero (padded sub-actions, padding row
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
+from support.reference.nets import c51_head
 from triton_interpreter import interpreted_main  # next to this script
 from triton_interpreter import relative_error as error
 
@@ -108,7 +110,7 @@ def run_fold(value_weight, value_bias, adv_weights, adv_biases, branches, atoms,
 
 
 def maths(value_weight, value_bias, adv_weights, adv_biases, branches, atoms, padding_rows, grad_weight, grad_bias):
-    """The CPU kernels' torch maths, called directly (FoldedOutput's ops)."""
+    """The CPU kernels' torch maths, called directly."""
     from fitdqn.ops.fold import fold_grads, fold_maths
 
     weight, bias = fold_maths(value_weight, value_bias, adv_weights, adv_biases, branches, atoms, padding_rows)
@@ -144,15 +146,15 @@ def run_case(name, branches, atoms, hidden, dtype_name):
 
 
 def run_module_case() -> dict:
-    """``BranchingDuelingC51(fused=True)`` through the kernels against its per-branch reference (fp32)."""
+    """``BranchingDuelingC51`` through the kernels against its per-branch reference (fp32)."""
     from fitdqn.nets.c51 import BranchingDuelingC51
 
     torch.manual_seed(0)
-    head = BranchingDuelingC51(16, 8, (3, 5, 2), 11, fused=True)
+    head = BranchingDuelingC51(16, 8, (3, 5, 2), 11)
     features = torch.randn(7, 16, requires_grad=True)
     grad_logits = torch.randn(7, 3, 5, 11)
     results = []
-    for forward in (head, head.reference):
+    for forward in (head, functools.partial(c51_head, head)):
         logits = forward(features)
         grads = torch.autograd.grad((logits * grad_logits).sum(), [features, *head.parameters()])
         results.append([logits.detach(), grads[0], torch.cat([g.flatten() for g in grads[1:]])])

@@ -6,9 +6,9 @@ Why a separate process: as for ``iqn_interpreter.py``, Triton reads ``TRITON_INT
 is *defined*, and the setting holds for the whole process.
 
 In this process the Triton launcher is registered as the *CPU* kernel of ``fitdqn::categorical_projection``, so
-``categorical_projection(..., fused=True)`` runs the operator and its kernel (landing positions included) end to
+``categorical_projection(...)`` runs the operator and its kernel (landing positions included) end to
 end on CPU tensors. Errors are ``max |result - reference|`` (probabilities): against the per-atom loop of
-``tests/support/projection_reference.py`` and against the torch path (``fused=False``: the positions of
+``tests/support/projection_reference.py`` and against the CPU kernel's torch maths (the positions of
 ``atom_positions``, the dense hat); ``mass`` is ``max |sum_i out_i - 1|``.
 
 ``HAT_CASES`` check the positions themselves: with one-hot distributions (branch k all on atom k) each output row
@@ -104,30 +104,35 @@ def error(value: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def run_case(name, *case):
+    from support.projection_reference import project_plain
+
     from fitdqn.learn.losses import categorical_projection
 
     probs, rewards, discounts, support = inputs(*case)
-    fused = categorical_projection(probs, rewards, discounts, support, fused=True)  # the Triton kernel
-    dense = categorical_projection(probs, rewards, discounts, support)
+    fused = categorical_projection(probs, rewards, discounts, support)  # the Triton kernel
+    dense = project_plain(probs, rewards, discounts, support)
     return {"loop": error(fused, reference(probs, rewards, discounts, support)), "dense": error(fused, dense),
             "mass": error(fused.sum(-1), torch.ones(fused.shape[:-1])),
             "shape": list(fused.shape), "dtype": str(fused.dtype)}
 
 
 def run_hat_case(name, *case):
+    from support.projection_reference import project_plain
+
     from fitdqn.learn.losses import categorical_projection
     from fitdqn.ops.projection import project_dense
 
     probs, rewards, discounts, support = hat_inputs(*case)
-    fused = categorical_projection(probs, rewards, discounts, support, fused=True)  # [B, A (k), A (i)]
-    return {"torch": error(fused, categorical_projection(probs, rewards, discounts, support)),
+    fused = categorical_projection(probs, rewards, discounts, support)  # [B, A (k), A (i)]
+    return {"torch": error(fused, project_plain(probs, rewards, discounts, support)),
             "unfused": error(fused, project_dense(probs, positions_unfused(rewards, discounts, support)))}
 
 
 def run_strided():
     """The operator on strided rewards and discounts: ``[B, 1]`` expanded to ``[B, br]`` (stride 0), a column of
     ``[B, 2]``, ``[B, br]`` transposed from ``[br, B]``, bf16 discounts and probabilities."""
-    from fitdqn.learn.losses import categorical_projection
+    from support.projection_reference import project_plain
+
     from fitdqn.ops.projection import project_returns
 
     probs, rewards, discounts, support = inputs(6, 3, 51, 10.0, True, False)
@@ -140,7 +145,7 @@ def run_strided():
     }.items():
         flat = probs.bfloat16() if name == "bf16" else probs
         got = project_returns(flat.reshape(18, 51), by_row_rewards, by_row_discounts, support).view(6, 3, 51)
-        expected = categorical_projection(flat, by_row_rewards, by_row_discounts, support)
+        expected = project_plain(flat, by_row_rewards, by_row_discounts, support)
         errors[name] = error(got, expected)
     return errors
 

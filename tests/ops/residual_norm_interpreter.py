@@ -6,7 +6,7 @@ Why a separate process: as for ``iqn_interpreter.py``, Triton reads ``TRITON_INT
 
 In this process the Triton launchers are registered as the *CPU* kernels of ``fitdqn::residual_layer_norm`` and its
 backward op (and, for the module cases, those of ``fitdqn::last_token_attention`` too), so the operator, its
-autograd and ``LastTokenAttention(fused=True)`` run end to end on CPU tensors through the kernels. The
+autograd and ``LastTokenAttention`` run end to end on CPU tensors through the kernels. The
 interpreter's bf16 gaps are patched as in ``iqn_interpreter.py``.
 
 Errors are ``max |result - reference| / max |reference|``, the reference in fp64 from the same (rounded) inputs:
@@ -35,7 +35,7 @@ CASES = [
     ("fp16-B20-d64", 20, 64, "float16", False),
 ]
 RESULTS = ("out", "mean", "rstd", "grad_x", "grad_residual", "grad_weight", "grad_bias")
-# (name, batch, window, d_model, heads, dtype): LastTokenAttention(fused=True) through both operators' kernels, under
+# (name, batch, window, d_model, heads, dtype): LastTokenAttention through both operators' kernels, under
 # CPU autocast at bf16 (``attention_interpreter.run_module_case``)
 MODULE_CASES = [
     ("module-fp32", 6, 8, 64, 4, "float32"),

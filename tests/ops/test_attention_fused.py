@@ -10,6 +10,7 @@ import pytest
 import torch
 from attention_interpreter import CASES, MODULE_CASES, MODULE_RESULTS, RESULTS
 from storage_log import StorageLog
+from support.reference.nets import attention as reference_attention
 from torch._subclasses.fake_tensor import FakeTensorMode
 from triton_interpreter import run_under_interpreter
 
@@ -33,7 +34,7 @@ def core_and_grads(core, q, kv, heads, upstream):
 def module_and_grads(module: LastTokenAttention, tokens, upstream, reference: bool = False):
     """Output and gradients (tokens, then every parameter) of ``(module(tokens) * upstream).sum()``."""
     tokens = tokens.detach().requires_grad_()
-    out = module.reference(tokens) if reference else module(tokens)
+    out = reference_attention(module, tokens) if reference else module(tokens)
     return [out.detach(), *torch.autograd.grad((out * upstream).sum(), [tokens, *module.parameters()])]
 
 
@@ -70,7 +71,7 @@ def test_operator_on_the_cpu_takes_strided_inputs_and_keeps_dtypes():
 @pytest.mark.parametrize("batch, window, d_model, heads", [(5, 8, 16, 4), (1, 1, 8, 2), (3, 6, 24, 3)])
 def test_fused_module_on_the_cpu_matches_the_reference(batch, window, d_model, heads):
     torch.manual_seed(0)
-    module = LastTokenAttention(d_model, heads, fused=True).double()
+    module = LastTokenAttention(d_model, heads).double()
     tokens = torch.randn(batch, window, d_model, dtype=torch.float64)
     upstream = torch.randn(batch, d_model, dtype=torch.float64)
     fused = module_and_grads(module, tokens, upstream)
@@ -78,14 +79,6 @@ def test_fused_module_on_the_cpu_matches_the_reference(batch, window, d_model, h
     for name, got, expected in zip(MODULE_RESULTS, fused, reference, strict=True):
         # the reference's scores are fp32 whatever the inputs, the operator's fp64 here
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, msg=name)
-
-
-def test_unfused_module_is_the_reference():
-    torch.manual_seed(0)
-    module = LastTokenAttention(16, 4)
-    assert not module.fused
-    tokens = torch.randn(3, 5, 16)
-    assert torch.equal(module(tokens), module.reference(tokens))
 
 
 def test_operator_rejects_bad_shapes():
@@ -123,12 +116,12 @@ def fake_step(fused: bool, batch: int):
         return tensor
 
     with FakeTensorMode():
-        module = LastTokenAttention(D_MODEL, HEADS, fused=fused)
+        module = LastTokenAttention(D_MODEL, HEADS)
         tokens = torch.randn(batch, WINDOW, D_MODEL, requires_grad=True)
         upstream = torch.randn(batch, D_MODEL)
         with CudaAutocastOnCpu(), torch.autocast("cpu", dtype=torch.bfloat16):
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), forward:
-                out = module(tokens)
+                out = module(tokens) if fused else reference_attention(module, tokens)
         with backward:
             (out * upstream).sum().backward()
     return forward, backward, saved
@@ -250,16 +243,14 @@ def test_triton_operator_on_cuda_matches_the_reference(batch, window, d_model, h
 def test_fused_module_on_cuda_matches_the_elementwise_module(batch, precision):
     torch.manual_seed(0)
     with torch.device("cuda"):
-        module = LastTokenAttention(D_MODEL, HEADS, fused=True)
+        module = LastTokenAttention(D_MODEL, HEADS)
         # as the network hands them over: the trunk's tokens in the autocast dtype, and an upstream gradient that
         # the features' dtype holds exactly (the fused block's features are bf16 under autocast)
         tokens = torch.randn(batch, WINDOW, D_MODEL).to(precision)
         upstream = torch.randn(batch, D_MODEL).to(precision).float()
-    elementwise = copy.deepcopy(module)
-    elementwise.fused = False
     with torch.autocast("cuda", dtype=precision, enabled=precision != torch.float32):
         fused = module_and_grads(module, tokens, upstream)
-        today = module_and_grads(elementwise, tokens, upstream)
+        today = module_and_grads(module, tokens, upstream, reference=True)
     today[0] = today[0].to(fused[0].dtype)  # the features as the heads read them: they cast the fp32 ones to bf16
     oracle = module_and_grads(copy.deepcopy(module).double(), tokens.double(), upstream.double(), reference=True)
     # errors as norms, relative; in bf16 both paths share the projections' roundings, and the fused core is the
@@ -290,7 +281,7 @@ def test_fused_kernels_pass_opcheck_on_cuda():
 def test_fused_block_on_cuda_allocates_what_the_trace_counts(batch):
     def make_step(batch_size: int, device: torch.device):
         with device:
-            module = LastTokenAttention(D_MODEL, HEADS, fused=True)
+            module = LastTokenAttention(D_MODEL, HEADS)
             tokens = torch.randn(batch_size, WINDOW, D_MODEL, requires_grad=True)
             upstream = torch.randn(batch_size, D_MODEL)
 

@@ -1,5 +1,5 @@
 """``fitdqn::c51_means``: the C51 means as one operator. Its CPU kernel is the torch form bit for bit, its fake
-kernel allocates the result, the Q network takes it where fused (the torch form where a gradient is wanted), and
+kernel allocates the result, the Q network takes it without a gradient (the torch form where one is wanted), and
 its Triton kernel (under Triton's interpreter, and compiled on a GPU) agrees with the float64 reference within fp32
 rounding."""
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 from c51_means_interpreter import CASES, logits_for, reference
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from triton_interpreter import run_under_interpreter
 
 from fitdqn.config import Config, for_device
@@ -40,15 +41,16 @@ def test_the_fake_kernel_allocates_the_result_and_bad_shapes_are_refused():
         c51_means(torch.zeros(4, 51), torch.zeros(50))
 
 
-def test_the_q_network_takes_the_operator_where_fused_and_the_torch_form_for_a_gradient():
+def test_the_q_network_takes_the_operator_without_a_gradient_and_the_torch_form_for_one():
     torch.manual_seed(0)
     net = for_device(Config(), "cpu").net
-    fused, plain = QNetwork(net, 12, fused=True), QNetwork(net, 12, fused=False)
+    network = QNetwork(net, 12)
     logits = torch.randn(6, len(net.branches), max(net.branches), net.num_atoms)
-    with torch.no_grad():
-        assert torch.equal(fused.q_values(logits), plain.q_values(logits))
+    with torch.no_grad(), CensusOf("fitdqn.c51_means.default") as census:
+        assert torch.equal(network.q_values(logits), expected_values(logits, network.support))
+    assert census.calls == 1
     wanted = logits.clone().requires_grad_()
-    q = fused.q_values(wanted)
+    q = network.q_values(wanted)
     assert q.grad_fn is not None  # the torch form: differentiable
     q.sum().backward()
     assert wanted.grad is not None and torch.isfinite(wanted.grad).all()
@@ -78,3 +80,15 @@ def test_triton_kernel_on_cuda_matches_the_reference(name, shape, dtype, scale):
     assert out.shape == shape[:-1] and out.dtype == torch.float32
     if out.numel():
         torch.testing.assert_close(out.double().cpu(), reference(logits, support), rtol=0, atol=TOLERANCE)
+
+
+class CensusOf(TorchDispatchMode):
+    """How many times ``name`` runs inside."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.name, self.calls = name, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += str(func) == self.name
+        return func(*args, **(kwargs or {}))

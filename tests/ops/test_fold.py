@@ -1,6 +1,6 @@
-"""The C51 fold ``fitdqn::folded_output``: its CPU kernels against FoldedOutput (bit for bit) and the plain fold
-``_fold_reference``, its fake kernels (what the planner's trace sees), its launches, export, its Triton kernels
-under Triton's interpreter and on a GPU, and ``BranchingDuelingC51(fused=True)``."""
+"""The C51 fold ``fitdqn::folded_output``: its CPU kernels against the plain fold (``tests/support/reference``) and
+its decomposition, its fake kernels (what the planner's trace sees), its launches, export, its Triton kernels under
+Triton's interpreter and on a GPU, and ``BranchingDuelingC51``."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 from fold_interpreter import CASES, RESULTS, padding_rows_of, parameters, upstream
+from support.reference.nets import fold as reference_fold
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from triton_interpreter import run_under_interpreter
 
-from fitdqn.nets.c51 import BranchingDuelingC51, FoldedOutput
-from fitdqn.ops.fold import folded_output, folded_output_op, valid_mask
+from fitdqn.nets.c51 import BranchingDuelingC51
+from fitdqn.ops import kernels
+from fitdqn.ops.decompositions import plain_decompositions
+from fitdqn.ops.fold import folded_output, folded_output_op, plain_fold, valid_mask
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # (branches, atoms, hidden): padding rows 3, 3, 7, 7, 0, 0
@@ -22,10 +25,10 @@ LAYOUTS = [((5, 5, 5), 51, 64), ((3, 5, 2), 51, 64), ((5, 5, 5), 7, 16), ((3, 5,
            ((2, 4), 7, 12)]
 
 
-def head_with_random_layers(branches, atoms, hidden, fused=False, dtype=torch.float32) -> BranchingDuelingC51:
+def head_with_random_layers(branches, atoms, hidden, dtype=torch.float32) -> BranchingDuelingC51:
     """A head whose output layers are random everywhere, their padding rows included (the fold must not read them)."""
     torch.manual_seed(0)
-    head = BranchingDuelingC51(16, hidden, branches, atoms, fused=fused).to(dtype)
+    head = BranchingDuelingC51(16, hidden, branches, atoms).to(dtype)
     with torch.no_grad():
         for p in output_layers(head):
             p.add_(torch.randn_like(p))
@@ -33,7 +36,7 @@ def head_with_random_layers(branches, atoms, hidden, fused=False, dtype=torch.fl
 
 
 def output_layers(head: BranchingDuelingC51) -> list[torch.Tensor]:
-    """FoldedOutput's parameters in its order: value weight, bias, advantage weights.., biases.."""
+    """The fold's parameters in its order: value weight, bias, advantage weights.., biases.."""
     return [head.value.weight, head.value.bias, *[layer.weight for layer in head.advantages],
             *[layer.bias for layer in head.advantages]]
 
@@ -52,20 +55,18 @@ def fold_and_grads(fold, head, params, grad_weight, grad_bias):
 # ------------------------------------------------------------------------------- the operator on the CPU
 
 @pytest.mark.parametrize(("branches", "atoms", "hidden"), LAYOUTS)
-def test_operator_on_the_cpu_is_folded_output_bit_for_bit(branches, atoms, hidden):
+def test_operator_on_the_cpu_is_the_plain_fold(branches, atoms, hidden):
     head = head_with_random_layers(branches, atoms, hidden)
     assert head.padding_rows == padding_rows_of(branches, atoms)
     params = output_layers(head)
     weight, bias = op_fold(head, params)
     grad_weight, grad_bias = torch.randn_like(weight), torch.randn_like(bias)  # padding rows and sub-actions too
     got = fold_and_grads(op_fold, head, params, grad_weight, grad_bias)
-    expected = fold_and_grads(lambda h, p: FoldedOutput.apply(h, *p), head, params, grad_weight, grad_bias)
-    for index, (value, reference) in enumerate(zip(got, expected, strict=True)):
-        assert value.shape == reference.shape and value.dtype == reference.dtype, index
-        assert torch.equal(value, reference), index
-    plain = fold_and_grads(lambda h, p: h._fold_reference(), head, params, grad_weight, grad_bias)
-    for index, (value, reference) in enumerate(zip(got, plain, strict=True)):
-        torch.testing.assert_close(value, reference, rtol=1e-6, atol=1e-6, msg=str(index))
+    for oracle in (lambda h, p: reference_fold(h), decomposed):  # the oracle, and what an export runs
+        plain = fold_and_grads(oracle, head, params, grad_weight, grad_bias)
+        for index, (value, reference) in enumerate(zip(got, plain, strict=True)):
+            assert value.shape == reference.shape and value.dtype == reference.dtype, index
+            torch.testing.assert_close(value, reference, rtol=1e-6, atol=1e-6, msg=str(index))
     # the layers' padding rows get exact zeros, the fold's padding rows are zero
     assert not got[2][atoms:].any() and not got[3][atoms:].any()
     for index, n in enumerate(branches):
@@ -74,12 +75,16 @@ def test_operator_on_the_cpu_is_folded_output_bit_for_bit(branches, atoms, hidde
     assert not got[0][used:].any() and not got[1][used:].any()
 
 
-def test_fused_head_folds_with_the_operator_and_the_torch_head_with_folded_output():
-    fused = head_with_random_layers((3, 5, 2), 11, 8, fused=True)
-    weight, _ = fused._fold()
+def decomposed(head: BranchingDuelingC51, params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fitdqn.ops.fold.plain_fold`, the operator's decomposition."""
+    br = len(head.branches)
+    return plain_fold(params[0], params[1], params[2:2 + br], params[2 + br:], head.branches, head.atoms,
+                      head.padding_rows)
+
+
+def test_head_folds_with_the_operator():
+    weight, _ = head_with_random_layers((3, 5, 2), 11, 8)._fold()
     assert "fitdqn_folded_output" in weight.grad_fn.name()
-    plain = head_with_random_layers((3, 5, 2), 11, 8, fused=False)
-    assert type(plain._fold()[0].grad_fn).__name__ == "FoldedOutputBackward"
 
 
 def test_operator_passes_gradcheck_in_fp64():
@@ -140,21 +145,17 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize(("fused", "forward", "backward"), [(True, 1, 1), (False, 9, 7)])
-def test_launches_forward_and_backward(fused, forward, backward):
-    """One operator call each way with the fused set (on CUDA br Triton launches forward, br + 1 backward: the
-    launchers' loops in fitdqn.ops.fold_triton); FoldedOutput's 9 and 7 ops at equal branches."""
-    head = head_with_random_layers((5, 5, 5), 51, 16, fused=fused)
+def test_launches_forward_and_backward():
+    """One operator call each way (on CUDA br Triton launches forward, br + 1 backward: the launchers' loops in
+    fitdqn.ops.fold_triton)."""
+    head = head_with_random_layers((5, 5, 5), 51, 16)
     with _Ops() as forward_ops:
         weight, bias = head._fold()
     grads = [torch.ones_like(weight), torch.ones_like(bias)]
     with _Ops() as backward_ops:
         torch.autograd.backward([weight, bias], grads)
-    assert len(forward_ops.ops) == forward, forward_ops.ops
-    assert len(backward_ops.ops) == backward, backward_ops.ops
-    if fused:
-        assert forward_ops.ops == ["fitdqn.folded_output.default"]
-        assert backward_ops.ops == ["fitdqn.folded_output_backward.default"]
+    assert forward_ops.ops == ["fitdqn.folded_output.default"]
+    assert backward_ops.ops == ["fitdqn.folded_output_backward.default"]
 
 
 # ---------------------------------------------------------------- the fake kernels: what the planner sees
@@ -187,9 +188,9 @@ def test_fake_kernels_allocate_what_the_cpu_kernels_return(branches, atoms, hidd
     assert real[0][0] == (rows, (1 + len(branches)) * hidden) and real[1][0] == (rows,)
 
 
-def test_fused_head_traces_on_fake_tensors():
+def test_head_traces_on_fake_tensors():
     with FakeTensorMode():
-        head = BranchingDuelingC51(64, 128, (5, 5, 5), 51, fused=True)
+        head = BranchingDuelingC51(64, 128, (5, 5, 5), 51)
         features = torch.randn(1024, 64, requires_grad=True)
         logits = head(features)
         logits.sum().backward()
@@ -198,13 +199,15 @@ def test_fused_head_traces_on_fake_tensors():
     assert all(layer.weight.grad.shape == layer.weight.shape for layer in head.advantages)
 
 
-def test_fused_head_exports_with_the_operator():
-    head = head_with_random_layers((3, 5, 2), 11, 8, fused=True).eval()
+def test_head_exports_as_its_plain_maths():
+    head = head_with_random_layers((3, 5, 2), 11, 8).eval()
     features = torch.randn(4, 16)
     with torch.no_grad():
         program = torch.export.export(head, (features,))
-    assert "fitdqn.folded_output" in str(program.graph)
-    torch.testing.assert_close(program.module()(features), head(features), rtol=0, atol=0)
+        assert "fitdqn.folded_output" in str(program.graph)
+        program = program.run_decompositions(plain_decompositions())
+    assert "fitdqn" not in str(program.graph)  # loads and runs without fitdqn
+    torch.testing.assert_close(program.module()(features), head(features), rtol=1e-6, atol=1e-6)
 
 
 # -------------------------------------------------------------------- Triton kernels under the interpreter
@@ -218,11 +221,11 @@ def interpreted() -> dict:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
-def test_triton_kernels_under_the_interpreter_match_folded_output(interpreted, case):
+def test_triton_kernels_under_the_interpreter_match_the_cpu_kernels(interpreted, case):
     name, branches, atoms, hidden, dtype_name = case
     result = interpreted[name]
     for key in RESULTS:
-        # against the CPU kernels (FoldedOutput's bits) and the fp64 maths: the sums' order differs at some shapes
+        # against the CPU kernels and the fp64 maths: the sums' order differs at some shapes
         assert result["torch"][key] <= TOLERANCES[dtype_name], key
         assert result["fp64"][key] <= TOLERANCES[dtype_name], key
         assert result["zeros"][key], key  # every zero written (NaN-filled allocations), padding and blocks
@@ -234,7 +237,7 @@ def test_triton_kernels_under_the_interpreter_match_folded_output(interpreted, c
     assert launched == [(shape, dtype) for shape, _, dtype in fake]
 
 
-def test_fused_head_under_the_interpreter_matches_the_reference(interpreted):
+def test_head_under_the_interpreter_matches_the_reference(interpreted):
     for key, value in interpreted["module"].items():
         assert value <= 2e-6, key
 
@@ -250,13 +253,14 @@ def test_launch_geometry():
 @cuda
 @pytest.mark.parametrize(("branches", "atoms", "hidden"), [((5, 5, 5), 51, 128), ((3, 5, 2), 51, 64),
                                                            ((3, 5, 2), 7, 8), ((4, 4), 7, 100)])
-def test_triton_operator_on_cuda_matches_folded_output(branches, atoms, hidden):
+def test_triton_operator_on_cuda_matches_the_cpu_maths(branches, atoms, hidden, monkeypatch):
     head = head_with_random_layers(branches, atoms, hidden).cuda()
     params = output_layers(head)
-    weight, bias = FoldedOutput.apply(head, *params)
+    weight, bias = op_fold(head, params)
     grad_weight, grad_bias = torch.randn_like(weight), torch.randn_like(bias)
     got = fold_and_grads(op_fold, head, params, grad_weight, grad_bias)
-    expected = fold_and_grads(lambda h, p: FoldedOutput.apply(h, *p), head, params, grad_weight, grad_bias)
+    monkeypatch.setenv(kernels.TRITON_SWITCH, "0")  # the CPU kernels' maths on the GPU
+    expected = fold_and_grads(op_fold, head, params, grad_weight, grad_bias)
     for index, (value, reference) in enumerate(zip(got, expected, strict=True)):
         assert value.shape == reference.shape and value.dtype == reference.dtype, index
         torch.testing.assert_close(value, reference, rtol=1e-6, atol=1e-6, msg=str(index))

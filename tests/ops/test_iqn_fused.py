@@ -1,28 +1,24 @@
-"""The fused IQN operator ``fitdqn::iqn_quantile_head``: its CPU kernel, its fake kernels (what the planner's
-trace sees), the choice of implementation, its Triton kernels under Triton's interpreter, and on a GPU."""
+"""The IQN operator ``fitdqn::iqn_quantile_head``: its CPU kernel, its fake kernels (what the planner's trace sees),
+where its Triton kernels run, its Triton kernels under Triton's interpreter, and on a GPU, each against the plain
+autograd head (``tests/support/reference``)."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
 import torch
 from iqn_interpreter import CASES, FEATURE_CASES, RESULTS
 from storage_log import StorageLog
+from support.reference.nets import iqn_head
 from torch._subclasses.fake_tensor import FakeTensorMode
 from triton_interpreter import run_under_interpreter
 
 from fitdqn.config import Config, ConfigError, with_overrides
-from fitdqn.device import what_if
-from fitdqn.errors import UserError
-from fitdqn.learn import Learner
 from fitdqn.memory.trace import measure_step_memory, trace_step_memory
 from fitdqn.nets.iqn import IQNHead
 from fitdqn.ops import kernels
-from fitdqn.ops.iqn import tile_geometry
-from fitdqn.ops.kernels import resolve_kernels
-from fitdqn.plan.build import trace_config
+from fitdqn.ops.iqn import CHUNK, tile_geometry
 
 D_MODEL, EMBEDDING, OUTPUTS = 256, 64, 15
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -31,7 +27,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 def head_and_grads(head: IQNHead, features, taus, upstream, reference: bool = False):
     """Output and gradients (features, embed w/b, out w/b) of ``(head(...) * upstream).sum()``."""
     features = features.detach().requires_grad_()
-    out = head.reference(features, taus) if reference else head(features, taus)
+    out = iqn_head(head, features, taus) if reference else head(features, taus)
     return [out.detach(), *torch.autograd.grad((out * upstream).sum(), [features, *head.parameters()])]
 
 
@@ -40,7 +36,7 @@ def head_and_grads(head: IQNHead, features, taus, upstream, reference: bool = Fa
 @pytest.mark.parametrize("batch, quantiles", [(1, 64), (5, 32), (3, 100), (19, 8)])
 def test_operator_on_the_cpu_matches_the_reference(batch, quantiles):
     torch.manual_seed(0)
-    head = IQNHead(16, 8, OUTPUTS, chunk=3, fused=True).double()
+    head = IQNHead(16, 8, OUTPUTS).double()
     features, taus = torch.randn(batch, 16, dtype=torch.float64), torch.rand(batch, quantiles, dtype=torch.float64)
     upstream = torch.randn(batch, quantiles, OUTPUTS, dtype=torch.float64)
     fused = head_and_grads(head, features, taus, upstream)
@@ -51,25 +47,25 @@ def test_operator_on_the_cpu_matches_the_reference(batch, quantiles):
 
 def test_operators_pass_opcheck():
     torch.manual_seed(0)
-    head = IQNHead(16, 8, OUTPUTS, chunk=3, fused=True)
+    head = IQNHead(16, 8, OUTPUTS)
     features, taus = torch.randn(5, 16, requires_grad=True), torch.rand(5, 12)
     params = (head.frequencies, head.embed.weight, head.embed.bias, head.out.weight, head.out.bias)
     checks = ("test_schema", "test_autograd_registration", "test_faketensor")
-    torch.library.opcheck(torch.ops.fitdqn.iqn_quantile_head.default, (features, taus, *params, 3, torch.float32),
+    torch.library.opcheck(torch.ops.fitdqn.iqn_quantile_head.default, (features, taus, *params, torch.float32),
                           test_utils=checks)
     grad_out = torch.randn(5, 12, OUTPUTS)
     torch.library.opcheck(torch.ops.fitdqn.iqn_quantile_head_backward.default,
-                          (grad_out, features.detach(), taus, *params[:4], 3, torch.float32), test_utils=checks)
+                          (grad_out, features.detach(), taus, *params[:4], torch.float32), test_utils=checks)
 
 
 # ---------------------------------------------------------------- the fake kernels: what the planner sees
 
-def fake_step_log(fused: bool, batch: int, quantiles: int) -> StorageLog:
+def fake_step_log(batch: int, quantiles: int) -> StorageLog:
     """Forward + backward of the full-size head on fake CPU tensors under bf16 autocast, as the planner
     traces a CUDA target."""
     log = StorageLog()
     with FakeTensorMode():
-        head = IQNHead(D_MODEL, EMBEDDING, OUTPUTS, chunk=16, fused=fused)
+        head = IQNHead(D_MODEL, EMBEDDING, OUTPUTS)
         features = torch.randn(batch, D_MODEL, requires_grad=True)
         taus, upstream = torch.rand(batch, quantiles), torch.randn(batch, quantiles, OUTPUTS)
         with log:
@@ -82,7 +78,7 @@ def fake_step_log(fused: bool, batch: int, quantiles: int) -> StorageLog:
 def test_fake_kernels_allocate_what_the_triton_kernels_return():
     batch, quantiles = 4096, 64
     programs = tile_geometry(batch, quantiles).programs
-    log = fake_step_log(True, batch, quantiles)
+    log = fake_step_log(batch, quantiles)
     ops = {op: [(shape, dtype) for name, shape, dtype, _ in log.outputs if name == op]
            for op in ("fitdqn.iqn_quantile_head.default", "fitdqn.iqn_quantile_head_backward.default")}
     assert ops["fitdqn.iqn_quantile_head.default"] == [((batch, quantiles, OUTPUTS), torch.float32)]
@@ -97,9 +93,9 @@ def test_grad_features_come_back_in_the_features_dtype(features_dtype):
     """bf16 features (the fused attention's under autocast): the backward op itself returns their gradient in bf16,
     on the CPU and in the fake kernel (the Triton launcher: ``iqn_interpreter.FEATURE_CASES``)."""
     torch.manual_seed(0)
-    head = IQNHead(16, 8, OUTPUTS, chunk=3, fused=True)
+    head = IQNHead(16, 8, OUTPUTS)
     features, taus, upstream = torch.randn(5, 16).to(features_dtype), torch.rand(5, 12), torch.randn(5, 12, OUTPUTS)
-    args = (features, taus, head.frequencies, head.embed.weight, head.embed.bias, head.out.weight, 3, torch.bfloat16)
+    args = (features, taus, head.frequencies, head.embed.weight, head.embed.bias, head.out.weight, torch.bfloat16)
     real = torch.ops.fitdqn.iqn_quantile_head_backward(upstream, *args)
     with FakeTensorMode(allow_non_fake_inputs=True):
         fake = torch.ops.fitdqn.iqn_quantile_head_backward(upstream, *args)
@@ -112,47 +108,32 @@ def test_grad_features_come_back_in_the_features_dtype(features_dtype):
 
 def test_nothing_batch_by_quantiles_by_width_is_allocated():
     batch, quantiles = 4096, 64
-    output_bytes = batch * quantiles * OUTPUTS * 4  # [B, N, O] fp32: the largest thing the fused head makes
-    fused = max(nbytes for *_, nbytes in fake_step_log(True, batch, quantiles).outputs)
-    chunked = max(nbytes for *_, nbytes in fake_step_log(False, batch, quantiles).outputs)
-    assert fused == output_bytes
-    assert chunked >= batch * 16 * D_MODEL * 2  # the chunked head's [B, chunk, d] bf16 transients
+    output_bytes = batch * quantiles * OUTPUTS * 4  # [B, N, O] fp32: the largest thing the head makes
+    assert max(nbytes for *_, nbytes in fake_step_log(batch, quantiles).outputs) == output_bytes
+    # the CPU kernels' [B, chunk, d] transients are theirs alone: a CUDA card runs the Triton kernels
+    assert CHUNK * D_MODEL * 2 > OUTPUTS * 4
 
 
-# ---------------------------------------------------------------------------- choosing the implementation
+# ------------------------------------------------------------------------------ where the Triton kernels run
 
-def test_resolve_kernels(monkeypatch):
-    for installed in (True, False):
-        monkeypatch.setattr(kernels, "triton_available", lambda installed=installed: installed)
-        assert resolve_kernels("auto", "cuda") == ("triton" if installed else "torch")
-        assert resolve_kernels("auto", "cpu") == "torch"
-        for device_type in ("cuda", "cpu"):
-            assert resolve_kernels("triton", device_type) == "triton"
-            assert resolve_kernels("torch", device_type) == "torch"
-    with pytest.raises(UserError, match="net.kernels"):
-        resolve_kernels("fast", "cuda")
-
-
-def test_kernels_is_a_checked_config_knob():
-    assert with_overrides(Config(), {"net.kernels": "triton"}).net.kernels == "triton"  # --set path
-    assert Config().net.kernels == "auto"
-    with pytest.raises(ConfigError, match="net.kernels"):
-        with_overrides(Config(), {"net.kernels": "fast"})
-    with pytest.raises(ConfigError, match="'net.iqn_kernel' is now 'net.kernels'"):  # the old name says where
-        with_overrides(Config(), {"net.iqn_kernel": "chunked"})
+def test_triton_runs_where_it_is_installed_and_not_switched_off(monkeypatch):
+    monkeypatch.setattr(kernels, "_triton_installed", lambda: True)
+    bf16, fp64 = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.float64)
+    monkeypatch.delenv(kernels.TRITON_SWITCH, raising=False)
+    assert kernels.runs_triton(bf16) and not kernels.runs_triton(fp64)  # fp64: the CPU maths on the GPU
+    assert not kernels.runs_triton(bf16, dtypes=(torch.float64,))
+    monkeypatch.setenv(kernels.TRITON_SWITCH, "0")  # the debugging switch: the CPU maths everywhere
+    assert not kernels.triton_available() and not kernels.runs_triton(bf16)
+    monkeypatch.setenv(kernels.TRITON_SWITCH, "1")
+    assert kernels.runs_triton(bf16)
+    monkeypatch.setattr(kernels, "_triton_installed", lambda: False)  # no triton package: the CPU maths
+    assert not kernels.runs_triton(bf16)
 
 
-def test_the_path_is_fixed_at_construction_for_the_planned_device(monkeypatch):
-    small = {"net.d_model": 16, "net.attention_heads": 4, "net.trunk_hidden": 32, "net.iqn_embedding": 8}
-    for kernel, fused in (("triton", True), ("torch", False), ("auto", False)):
-        learner = Learner(with_overrides(Config(), {**small, "net.kernels": kernel}), 10, "cpu")
-        for net in (learner.online, learner.target):
-            assert net.iqn.fused is fused and net.attention.fused is fused, kernel
-    h200 = what_if("h200", 141 * 2**30, 140 * 2**30)
-    for installed in (True, False):
-        monkeypatch.setattr(kernels, "triton_available", lambda installed=installed: installed)
-        traced, _ = trace_config(Config(), h200)  # a CUDA target, traced on fake CPU tensors
-        assert traced.net.kernels == ("triton" if installed else "torch")
+def test_the_kernel_knobs_are_gone_with_one_error_each():
+    for key in ("net.kernels", "net.iqn_chunk", "net.iqn_kernel"):
+        with pytest.raises(ConfigError, match=f"config key '{key}' was removed: .*delete it from the config"):
+            with_overrides(Config(), {key: "torch" if key != "net.iqn_chunk" else 8})
 
 
 # -------------------------------------------------------------------- Triton kernels under the interpreter
@@ -202,14 +183,14 @@ def test_fused_head_on_cuda_matches_the_chunked_head_and_the_reference(batch, qu
     torch.manual_seed(0)
     device = torch.device("cuda")
     with device:
-        head = IQNHead(D_MODEL, EMBEDDING, OUTPUTS, chunk=16, fused=True)
+        head = IQNHead(D_MODEL, EMBEDDING, OUTPUTS)
         features, taus = torch.randn(batch, D_MODEL), torch.rand(batch, quantiles)
         upstream = torch.randn(batch, quantiles, OUTPUTS)
-    chunked_head = copy.deepcopy(head)
-    chunked_head.fused = False
     with torch.autocast("cuda", dtype=precision, enabled=precision != torch.float32):
         fused = head_and_grads(head, features, taus, upstream)
-        chunked = head_and_grads(chunked_head, features, taus, upstream)
+        with pytest.MonkeyPatch.context() as patch:  # the CPU kernels' chunked maths on the GPU
+            patch.setenv(kernels.TRITON_SWITCH, "0")
+            chunked = head_and_grads(head, features, taus, upstream)
     reference = head_and_grads(head, features, taus, upstream, reference=True)  # fp32
     # errors as norms, relative: over up to 134M pre-activations a few ReLUs flip between any two fp32 paths
     # (other summation orders, cosine implementations), each moving one row of a weight gradient. In bf16 the
@@ -231,14 +212,14 @@ def test_fused_head_on_cuda_matches_the_chunked_head_and_the_reference(batch, qu
 def test_fused_kernels_pass_opcheck_on_cuda():
     torch.manual_seed(0)
     with torch.device("cuda"):
-        head = IQNHead(D_MODEL, EMBEDDING, OUTPUTS, chunk=16, fused=True)
+        head = IQNHead(D_MODEL, EMBEDDING, OUTPUTS)
         features, taus, grad_out = torch.randn(70, D_MODEL), torch.rand(70, 32), torch.randn(70, 32, OUTPUTS)
     params = (head.frequencies, head.embed.weight, head.embed.bias, head.out.weight, head.out.bias)
     for dtype in (torch.float32, torch.bfloat16):
-        torch.library.opcheck(torch.ops.fitdqn.iqn_quantile_head.default, (features, taus, *params, 16, dtype),
+        torch.library.opcheck(torch.ops.fitdqn.iqn_quantile_head.default, (features, taus, *params, dtype),
                               test_utils=("test_schema", "test_faketensor"))
         torch.library.opcheck(torch.ops.fitdqn.iqn_quantile_head_backward.default,
-                              (grad_out, features, taus, *params[:4], 16, dtype),
+                              (grad_out, features, taus, *params[:4], dtype),
                               test_utils=("test_schema", "test_faketensor"))
 
 
@@ -247,7 +228,7 @@ def test_fused_kernels_pass_opcheck_on_cuda():
 def test_fused_head_on_cuda_allocates_what_the_trace_counts(batch):
     def make_step(batch_size: int, device: torch.device):
         with device:
-            head = IQNHead(D_MODEL, EMBEDDING, OUTPUTS, chunk=16, fused=True)
+            head = IQNHead(D_MODEL, EMBEDDING, OUTPUTS)
             features = torch.randn(batch_size, D_MODEL, requires_grad=True)
             taus, upstream = torch.rand(batch_size, 64), torch.randn(batch_size, 64, OUTPUTS)
 

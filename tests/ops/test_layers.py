@@ -1,5 +1,6 @@
-"""fitdqn.ops sits below nets, losses and the replay: it imports only torch, fitdqn.errors and itself (Triton in its
-``*_triton`` modules alone, imported on first use), and importing the domain packages imports no Triton."""
+"""fitdqn.ops sits below nets, losses and the replay: it imports only torch, fitdqn.errors, the neutral transition
+contract fitdqn.transitions and itself (Triton in its ``*_triton`` modules alone, imported on first use), and
+importing the domain packages imports no Triton."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import fitdqn.ops
 
 OPS = Path(fitdqn.ops.__file__).parent
+NEUTRAL = {"fitdqn.errors", "fitdqn.transitions"}  # leaf modules that import no other fitdqn module
 
 
 def imports(path: Path) -> list[tuple[str, bool]]:
@@ -27,6 +29,12 @@ def imports(path: Path) -> list[tuple[str, bool]]:
     return found
 
 
+def test_neutral_modules_import_no_fitdqn_module():
+    for module in NEUTRAL:
+        path = OPS.parent / (module.split(".")[1] + ".py")
+        assert not [m for m, _ in imports(path) if m.split(".")[0] == "fitdqn"], path.name
+
+
 def test_ops_imports_only_torch_errors_and_itself():
     modules = sorted(OPS.glob("*.py"))
     assert {"iqn.py", "attention.py", "projection.py", "quantile_huber.py", "sum_tree.py"} <= {m.name for m in modules}
@@ -35,7 +43,7 @@ def test_ops_imports_only_torch_errors_and_itself():
         for module, top_level in imports(path):
             package = module.split(".")[0]
             if package == "fitdqn":
-                assert module == "fitdqn.errors" or module.startswith("fitdqn.ops."), (path.name, module)
+                assert module in NEUTRAL or module.startswith("fitdqn.ops."), (path.name, module)
             else:
                 assert package in third_party or package in sys.stdlib_module_names, (path.name, module)
             assert top_level, f"{path.name}: function-level import of {module}"

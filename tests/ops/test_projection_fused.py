@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from projection_interpreter import CASES, HAT_CASES, hat_inputs, inputs, reference
+from support.projection_reference import project_plain
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from triton_interpreter import run_under_interpreter
@@ -53,8 +54,8 @@ def test_triton_kernel_reads_strided_and_bf16_rewards_discounts_and_probs(interp
 @pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
 def test_fused_projection_on_cpu_is_the_dense_one_and_the_loop(case):
     probs, rewards, discounts, support = inputs(*case[1:])
-    fused = categorical_projection(probs, rewards, discounts, support, fused=True)
-    dense = categorical_projection(probs, rewards, discounts, support)
+    fused = categorical_projection(probs, rewards, discounts, support)
+    dense = project_plain(probs, rewards, discounts, support)
     assert fused.shape == probs.shape and fused.dtype == torch.float32
     torch.testing.assert_close(fused, dense, atol=1e-6, rtol=0)
     torch.testing.assert_close(fused.double(), reference(probs, rewards, discounts, support), atol=1e-5, rtol=0)
@@ -77,7 +78,7 @@ def test_operator_on_cpu_is_the_dense_projection_at_atom_positions(case):
 @pytest.mark.parametrize("case", HAT_CASES, ids=[case[0] for case in HAT_CASES])
 def test_operator_on_cpu_lands_each_atom_as_the_loop(case):
     probs, rewards, discounts, support = hat_inputs(*case[1:])
-    fused = categorical_projection(probs, rewards, discounts, support, fused=True)
+    fused = categorical_projection(probs, rewards, discounts, support)
     torch.testing.assert_close(fused.double(), reference(probs, rewards, discounts, support), atol=1e-5, rtol=0)
 
 
@@ -120,9 +121,9 @@ def test_shared_and_per_branch_hats_agree():
 
 def test_projection_under_autocast_and_with_gradients_around():
     probs, rewards, discounts, support = inputs(*CASES[0][1:])
-    expected = categorical_projection(probs, rewards, discounts, support)
+    expected = project_plain(probs, rewards, discounts, support)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = categorical_projection(probs.requires_grad_(), rewards, discounts, support, fused=True)
+        got = categorical_projection(probs.requires_grad_(), rewards, discounts, support)
     assert got.dtype == torch.float32 and not got.requires_grad
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
 
@@ -136,7 +137,7 @@ def test_fake_kernel_allocates_only_the_result():
                               torch.empty(51))
         assert out.shape == (24, 51) and out.dtype == torch.float32
         projected = categorical_projection(torch.empty(8, 3, 51), torch.empty(8), torch.empty(8),
-                                           torch.empty(51), fused=True)
+                                           torch.empty(51))
         assert projected.shape == (8, 3, 51) and projected.dtype == torch.float32
 
 
@@ -154,7 +155,7 @@ def test_fused_path_is_one_operator_and_views():
     for by_row in (rewards, rewards.unsqueeze(-1).expand(probs.shape[:-1]).contiguous()):
         seen.clear()
         with Ops():
-            categorical_projection(probs, by_row, discounts, support, fused=True)
+            categorical_projection(probs, by_row, discounts, support)
         assert [func for func in seen if not func.is_view] == [torch.ops.fitdqn.categorical_projection.default], seen
 
 
@@ -178,8 +179,8 @@ def test_triton_kernel_on_cuda_matches_the_torch_path(branch_rewards):
     probs, rewards, discounts, support = update_sized("cuda")
     if branch_rewards:
         rewards = rewards.unsqueeze(-1) + torch.linspace(-1.0, 1.0, 3, device="cuda")  # [B, br]
-    fused = categorical_projection(probs, rewards, discounts, support, fused=True).cpu()
-    dense = categorical_projection(*[value.cpu() for value in (probs, rewards, discounts, support)])  # no TF32
+    fused = categorical_projection(probs, rewards, discounts, support).cpu()
+    dense = project_plain(*[value.cpu() for value in (probs, rewards, discounts, support)])  # no TF32
     # the landing positions: the kernel's against the CPU torch path's; near atom 50 one fp32 ulp is 3.8e-6 of an
     # atom and moves that much mass between two neighbours (measured on an H200 when ATen's CUDA ops computed the
     # kernel's positions: up to 4.0e-6)
@@ -194,25 +195,25 @@ def test_triton_kernel_on_cuda_lands_each_atom_where_the_cpu_torch_path_does(cas
     (IEEE division, ``addcmul`` one fused multiply-add), so up to one fp32 ulp of a position (3.8e-6 near atom 50)
     where the CPU's ``addcmul`` has no FMA."""
     probs, rewards, discounts, support = hat_inputs(*case[1:])
-    fused = categorical_projection(*[value.cuda() for value in (probs, rewards, discounts, support)], fused=True)
-    expected = categorical_projection(probs, rewards, discounts, support)
+    fused = categorical_projection(*[value.cuda() for value in (probs, rewards, discounts, support)])
+    expected = project_plain(probs, rewards, discounts, support)
     torch.testing.assert_close(fused.cpu(), expected, atol=4e-6, rtol=0)
 
 
 @cuda
 def test_triton_kernel_runs_in_a_cuda_graph():
     probs, rewards, discounts, support = update_sized("cuda")
-    expected = categorical_projection(probs, rewards, discounts, support, fused=True)  # also compiles the kernel
+    expected = categorical_projection(probs, rewards, discounts, support)  # also compiles the kernel
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm up on a side stream, as capture_graph does
-        categorical_projection(probs, rewards, discounts, support, fused=True)
+        categorical_projection(probs, rewards, discounts, support)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = categorical_projection(probs, rewards, discounts, support, fused=True)
+        captured = categorical_projection(probs, rewards, discounts, support)
     rewards.mul_(0.5)  # new inputs in the same memory: the replay must see them
     graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(captured, categorical_projection(probs, rewards, discounts, support, fused=True))
+    torch.testing.assert_close(captured, categorical_projection(probs, rewards, discounts, support))
     assert not torch.equal(captured, expected)

@@ -1,9 +1,10 @@
 """The fused residual add + LayerNorm ``fitdqn::residual_layer_norm``: its CPU kernels against ``F.layer_norm`` of the
 sum, its fake kernels (what the planner's trace sees) against the real outputs and the Triton launchers', its
-Triton kernels under Triton's interpreter, on a GPU, and in ``LastTokenAttention(fused=True)``."""
+Triton kernels under Triton's interpreter, on a GPU, and in ``LastTokenAttention``."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from attention_interpreter import MODULE_RESULTS
 from residual_norm_interpreter import CASES, MODULE_CASES, RESULTS
 from storage_log import StorageLog
+from support.reference.nets import attention as reference_attention
 from torch._subclasses.fake_tensor import FakeTensorMode
 from triton_interpreter import run_under_interpreter
 
@@ -185,12 +187,12 @@ def fake_block(fused_block: bool, batch: int, d_model: int = 256, heads: int = 4
         return tensor
 
     with FakeTensorMode():
-        module = LastTokenAttention(d_model, heads, fused=fused_block)
+        module = LastTokenAttention(d_model, heads)
         tokens = torch.randn(batch, window, d_model, dtype=torch.bfloat16, requires_grad=True)  # the trunk's
         upstream = torch.randn(batch, d_model)
         with CudaAutocastOnCpu(), torch.autocast("cpu", dtype=torch.bfloat16):
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), forward:
-                out = module(tokens)
+                out = module(tokens) if fused_block else reference_attention(module, tokens)
         with backward:
             (out * upstream).sum().backward()
     return forward, backward, saved, out.dtype
@@ -221,14 +223,14 @@ def test_fused_block_traces_the_operator_outputs_and_saves_no_fp32_features():
 @pytest.mark.parametrize("batch, window, d_model, heads", [(5, 8, 16, 4), (70, 3, 64, 4), (3, 6, 24, 3)])
 def test_fused_module_matches_the_reference_with_nn_layer_norm(batch, window, d_model, heads):
     torch.manual_seed(0)
-    module = LastTokenAttention(d_model, heads, fused=True).double()
+    module = LastTokenAttention(d_model, heads).double()
     with torch.no_grad():  # a weight and bias that are not 1 and 0
         module.norm.weight.normal_(1, 0.5)
         module.norm.bias.normal_(0, 0.5)
     tokens = torch.randn(batch, window, d_model, dtype=torch.float64, requires_grad=True)
     upstream = torch.randn(batch, d_model, dtype=torch.float64)
     results = []
-    for forward in (module, module.reference):
+    for forward in (module, functools.partial(reference_attention, module)):
         out = forward(tokens)
         results.append([out.detach(), *torch.autograd.grad((out * upstream).sum(), [tokens, *module.parameters()])])
     for index, (got, expected) in enumerate(zip(*results, strict=True)):
@@ -238,10 +240,10 @@ def test_fused_module_matches_the_reference_with_nn_layer_norm(batch, window, d_
 
 def test_fused_module_under_bf16_autocast_rounds_the_reference_features():
     torch.manual_seed(0)
-    module = LastTokenAttention(64, 4, fused=True)
+    module = LastTokenAttention(64, 4)
     tokens = torch.randn(9, 8, 64).bfloat16()  # as the trunk hands them over under autocast
     with CudaAutocastOnCpu(), torch.autocast("cpu", dtype=torch.bfloat16):
-        out, reference = module(tokens), module.reference(tokens)  # the reference: CUDA autocast's fp32 LayerNorm
+        out, reference = module(tokens), reference_attention(module, tokens)  # CUDA autocast's fp32 LayerNorm
     assert (out.dtype, reference.dtype) == (torch.bfloat16, torch.float32)
     assert ((out.double() - reference.double()).abs() <= reference.double().abs() * 2**-8 + 1e-5).all()
 

@@ -1,5 +1,5 @@
-"""The fused weighted loss ``fitdqn::weighted_losses`` and its backward: the CPU kernels against the torch path
-(``fitdqn.learn.losses._WeightedLosses``, the oracle), the fake kernels (what the planner's trace sees) against the
+"""The weighted loss ``fitdqn::weighted_losses`` and its backward: the CPU kernels against the plain autograd
+function (``tests/support/reference``, the oracle), the fake kernels (what the planner's trace sees) against the
 real outputs and the Triton launchers', the Triton kernels under Triton's interpreter and on a GPU (in a CUDA graph
 too)."""
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.reference import losses as reference
 from torch._subclasses.fake_tensor import FakeTensorMode
 from triton_interpreter import run_under_interpreter
 from weighted_losses_interpreter import CASES, ELEMENTWISE, RESULTS
@@ -48,8 +49,8 @@ def inputs(batch, branches, atoms, dtype=torch.float32, device="cpu", target_dty
 def losses_and_grads(fused, c51_target, log_probs, iqn, v, v_target, weight, loss_weights):
     """loss, means, priorities and the gradients of log_probs, iqn and v, from ``loss.backward()``."""
     leaves = [tensor.detach().requires_grad_() for tensor in (log_probs, iqn, v)]
-    loss, means, priorities = weighted_losses(c51_target, *leaves, v_target, weight, loss_weights, EXPECTILE,
-                                              fused=fused)
+    function = weighted_losses if fused else reference.weighted_losses  # the operators, or the plain oracle
+    loss, means, priorities = function(c51_target, *leaves, v_target, weight, loss_weights, EXPECTILE)
     loss.backward()
     return [loss.detach(), means, priorities, *[leaf.grad for leaf in leaves]]
 
@@ -107,8 +108,7 @@ def test_fused_gradients_pass_gradcheck_in_fp64():
     v_target = v + torch.linspace(-1.0, 1.0, 19, dtype=torch.float64) + 0.025  # no difference near 0 (the kink)
 
     def loss(log_probs, iqn, v):
-        return weighted_losses(c51_target, log_probs, iqn, v, v_target, weight, loss_weights, EXPECTILE,
-                               fused=True).loss
+        return weighted_losses(c51_target, log_probs, iqn, v, v_target, weight, loss_weights, EXPECTILE).loss
 
     leaves = [tensor.requires_grad_() for tensor in (log_probs, iqn, v)]
     assert torch.autograd.gradcheck(loss, leaves)
@@ -126,8 +126,7 @@ def test_autograd_saves_only_tensors_that_exist_anyway():
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        weighted_losses(c51_target, log_probs.requires_grad_(), iqn, v, v_target, weight, loss_weights, EXPECTILE,
-                        fused=True)
+        weighted_losses(c51_target, log_probs.requires_grad_(), iqn, v, v_target, weight, loss_weights, EXPECTILE)
     assert sorted(saved) == sorted(tensor.untyped_storage().data_ptr()
                                    for tensor in (c51_target, v, v_target, weight, loss_weights))
 
@@ -135,8 +134,7 @@ def test_autograd_saves_only_tensors_that_exist_anyway():
 def test_no_gradient_for_an_input_that_asks_for_none():
     c51_target, log_probs, iqn, v, v_target, weight, loss_weights = inputs(20, 3, 7)
     v = v.requires_grad_()
-    loss = weighted_losses(c51_target, log_probs, iqn, v, v_target, weight, loss_weights, EXPECTILE,
-                           fused=True).loss
+    loss = weighted_losses(c51_target, log_probs, iqn, v, v_target, weight, loss_weights, EXPECTILE).loss
     (grad_v,) = torch.autograd.grad(loss, [v])
     assert torch.equal(grad_v, losses_and_grads(False, c51_target, log_probs, iqn, v, v_target, weight,
                                                 loss_weights)[-1])
@@ -271,8 +269,7 @@ def test_triton_kernels_run_in_a_cuda_graph():
     def step():
         for leaf in leaves:
             leaf.grad = None
-        loss, means, priorities = weighted_losses(c51_target, *leaves, v_target, weight, loss_weights, EXPECTILE,
-                                                  fused=True)
+        loss, means, priorities = weighted_losses(c51_target, *leaves, v_target, weight, loss_weights, EXPECTILE)
         loss.backward(grad_loss)
         return [loss.detach(), means, priorities, *[leaf.grad for leaf in leaves]]
 

@@ -26,7 +26,9 @@ def run_under_interpreter(script: Path, timeout: float = 600) -> dict:
     pytest.importorskip("triton")
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is present: the compiled kernels are tested instead")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    tests = str(Path(__file__).resolve().parents[1])  # tests/: the support package (the plain oracles)
+    path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), tests]))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

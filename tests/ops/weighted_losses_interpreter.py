@@ -6,9 +6,9 @@ Why a separate process: as for ``iqn_interpreter.py``, Triton reads ``TRITON_INT
 *defined*, and the setting holds for the whole process.
 
 In this process the Triton launchers are registered as the *CPU* kernels of ``fitdqn::weighted_losses`` and its
-backward op, so ``weighted_losses(..., fused=True)`` runs operator, autograd function and kernels end to end on CPU
-tensors; ``fused=False`` is the torch path, the oracle. The interpreter's fp32 -> bf16 cast is patched to round to
-nearest even as the GPU does (``triton_interpreter.patch_interpreter_bf16``).
+backward op, so ``weighted_losses(...)`` runs operator, autograd function and kernels end to end on CPU
+tensors; the plain autograd function of ``tests/support/reference`` is the oracle. The interpreter's fp32 -> bf16
+cast is patched to round to nearest even as the GPU does (``triton_interpreter.patch_interpreter_bf16``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ CASES = [
     ("fp16-B19-A51-strided", 19, 3, 51, "float16", True),
 ]
 RESULTS = ("loss", "means", "priorities", "grad_log_probs", "grad_iqn", "grad_v")
-ELEMENTWISE = ("grad_log_probs", "grad_iqn", "grad_v")  # the same operations in the same order as the torch path
+ELEMENTWISE = ("grad_log_probs", "grad_iqn", "grad_v")  # the same operations in the same order as the oracle
 EXPECTILE = 0.7
 
 
@@ -60,11 +60,14 @@ def described(tensors) -> dict:
 
 
 def run(fused, c51_target, log_probs, iqn, v, v_target, weight, loss_weights):
+    from support.reference import losses as reference
+
     from fitdqn.learn.losses import weighted_losses
 
     leaves = [t.detach().requires_grad_() for t in (log_probs, iqn, v)]
-    loss, means, priorities = weighted_losses(c51_target, leaves[0], leaves[1], leaves[2], v_target, weight,
-                                              loss_weights, EXPECTILE, fused=fused)
+    function = weighted_losses if fused else reference.weighted_losses  # the operators, or the plain oracle
+    loss, means, priorities = function(c51_target, leaves[0], leaves[1], leaves[2], v_target, weight, loss_weights,
+                                       EXPECTILE)
     loss.backward()
     return [loss.detach(), means, priorities, *[leaf.grad for leaf in leaves]]
 

@@ -28,3 +28,12 @@ def project_loop(next_probs, rewards, discounts, support):
                     out[b, row, low] += p * (high - position)
                     out[b, row, high] += p * (position - low)
     return out.reshape(next_probs.shape)
+
+
+def project_plain(probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor
+                  ) -> torch.Tensor:
+    """The CPU kernel's dense torch maths on the whole batch, without the operator: the landing positions
+    (``fitdqn.ops.projection.atom_positions``), then the dense hat."""
+    from fitdqn.ops.projection import atom_positions, project_dense
+
+    return project_dense(probs, atom_positions(probs.dim(), rewards, discounts, support))

@@ -163,7 +163,7 @@ def test_rank_device_refuses_one_gpu_for_all_ranks():
 
 def test_gpus_launches_torchrun_with_the_same_arguments(monkeypatch):
     command = distributed.torchrun_command(2, ["train", "--gpus", "2", "--epochs", "3"])
-    assert command[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert command[:5] == [sys.executable, "-m", "fitdqn.train.launch", "--standalone", "--nproc-per-node=2"]
     assert command[5:] == ["-m", "fitdqn", "train", "--gpus", "2", "--epochs", "3"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)

@@ -48,4 +48,4 @@ def test_print_config_prints_the_widths_and_threads_the_run_uses(capsys):
     printed = tomllib.loads(capsys.readouterr().out)
     assert {k: printed["net"][k] for k in SMALL_NET} == SMALL_NET  # trunk_hidden 128, d_model 64, ...
     assert printed["train"]["threads"] == 1 and printed["collect"]["num_envs"] > 0  # no 0 = auto left
-    assert printed["net"]["kernels"] != "auto" and printed["learn"]["precision"] != "auto"
+    assert printed["learn"]["precision"] != "auto" and printed["learn"]["lr_base_batch"] > 0

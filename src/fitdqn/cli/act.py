@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
-from fitdqn.cli.common import Commands, add_command
+from fitdqn.cli.common import Commands, add_command, writing_into
 from fitdqn.errors import UserError
 from fitdqn.files import NETWORKS
 
@@ -54,10 +55,14 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.run_dir) / "actions.csv"
     if out.suffix.lower() not in DECISION_SUFFIXES:  # before any work: nothing computed is lost
         raise UserError(f"--out {out}: write the decisions to a .csv or .parquet file")
-    policy = load_run_policy(args.run_dir, resolve_device(args.device), args.network)
-    goal_unit = policy.goal_unit() if args.goal_unit is None else args.goal_unit
-    frame = act_run(policy, args.data, start=args.start, goal_unit=goal_unit)
-    write_actions(frame, out)
+    if args.goal_unit is not None and not (math.isfinite(args.goal_unit) and args.goal_unit > 0):
+        raise UserError(f"--goal-unit {args.goal_unit:g}: the goal scale shown to the agent is a positive "
+                        "finite number; leave it out to use the run's own, from its training bars")
+    with writing_into(args.run_dir, out):  # decisions written into the run: one writer at a time
+        policy = load_run_policy(args.run_dir, resolve_device(args.device), args.network)
+        goal_unit = policy.goal_unit() if args.goal_unit is None else args.goal_unit
+        frame = act_run(policy, args.data, start=args.start, goal_unit=goal_unit)
+        write_actions(frame, out)
     which = (f"ensemble of {len(policy.members)} members ({', '.join(str(d) for d in policy.member_dirs)}), "
              f"{args.network} networks" if policy.members else f"{args.network} network, epoch {policy.epoch}")
     print(f"{len(frame)} decisions, {frame['timestamp'].iloc[0]} to {frame['timestamp'].iloc[-1]}, of the policy in "

@@ -11,6 +11,7 @@ from importlib import import_module, metadata
 
 from fitdqn import __version__
 from fitdqn.cli.common import set_threads
+from fitdqn.config import REMOVED_KEYS
 from fitdqn.errors import UserError
 from fitdqn.files import describe_os_error
 
@@ -67,6 +68,10 @@ def unknown_options(unknown: list[str], command: argparse.ArgumentParser) -> str
     hints = []
     for token in unknown:
         flag = token.split("=", 1)[0]
+        removed = flag[2:].replace("-", "_") if flag.startswith("--") else ""
+        if removed in REMOVED_KEYS:
+            hints.append(f"{flag} was removed: {REMOVED_KEYS[removed]}")
+            continue
         close = difflib.get_close_matches(flag, known, n=1, cutoff=0.8) if flag.startswith("--") else []
         if close:
             hints.append(f"{flag}: did you mean {close[0]}?")
@@ -94,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except OSError as error:  # a full disk, a read-only folder, no permission: one line, not a traceback
-        print(f"fitdqn {args.command}: error: {describe_os_error(error, doing='file error at')}", file=sys.stderr)
+        doing = "file error at" if error.filename else "file error"
+        print(f"fitdqn {args.command}: error: {describe_os_error(error, doing=doing)}", file=sys.stderr)
         return EXIT_FILE_ERROR
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM during a run (fitdqn.train.run.Interrupted)
         signum = getattr(error, "signum", signal.SIGINT)

@@ -80,7 +80,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, common: tuple[str, ...
     group.add_argument("--config", metavar="FILE.toml", help="TOML config file (options given here override it)")
     group.add_argument("--print-config", action=PrintConfig, dest="print_config",
                        help="print the config as it will run (defaults < --config < options, with what the device "
-                       "settles: net.size's widths, envs, kernels, threads) as TOML and exit")
+                       "settles: net.size's widths, envs, precision, threads) as TOML and exit")
     group.add_argument("--help-all", action=HelpAll, help="show every config option, by section, and exit")
     defaults = Config()
     sections = []
@@ -146,7 +146,7 @@ def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Co
 
 def as_it_will_run(config: Config, args: argparse.Namespace) -> Config:
     """``--print-config``'s config: every 'auto' the device settles, settled (:func:`fitdqn.resolve.resolve_device`:
-    ``net.size = small``'s widths, envs, kernels, precision, the learning rate's base batch) for the device the
+    ``net.size = small``'s widths, envs, precision, the learning rate's base batch) for the device the
     command runs on (``args.device_for(args, config)``, e.g. plan's what-if card; else ``train.device``), and the
     CPU threads it sets. What the data settles (``market.reward_scale = 0``) is settled when the run starts."""
     # torch and the planner's tables: imported only for --print-config, so --help stays fast

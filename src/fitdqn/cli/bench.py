@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from fitdqn.cli.args import add_config_arguments
 from fitdqn.cli.common import COMMON_KNOBS, Commands, add_command, config_for
@@ -38,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     # the trainer imports torch: imported when the command runs, so `fitdqn --help` stays fast
     from fitdqn.train.bench import print_bench, run_bench
 
-    if args.iters < 1 or args.collect_steps < 1 or args.seconds <= 0:
-        raise UserError("--iters and --collect-steps must be at least 1, --seconds positive")
+    if args.iters < 1 or args.collect_steps < 1 or not 0 < args.seconds < math.inf:
+        raise UserError("--iters and --collect-steps must be at least 1, --seconds a positive finite number")
     result = run_bench(config_for(args), iters=args.iters, collect_steps=args.collect_steps, seconds=args.seconds)
     if args.json:
         print(json.dumps(result, indent=2))

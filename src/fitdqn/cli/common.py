@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import textwrap
+from pathlib import Path
 
 from fitdqn.cli.args import config_from_args
 from fitdqn.config import Config
@@ -45,3 +47,14 @@ def add_command(commands: Commands, name: str, summary: str, examples: tuple[str
                 aliases: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     return commands.add_parser(name, help=summary, aliases=list(aliases), description=describe(examples, *paragraphs),
                                formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def writing_into(run_dir: str | Path, out: str | Path) -> contextlib.AbstractContextManager:
+    """The run directory's lock (:func:`fitdqn.run_lock.run_lock`) when ``out`` is inside ``run_dir`` (a command
+    writing into a run); nothing to hold when it writes elsewhere. A missing ``run_dir`` is left to the
+    command's own message."""
+    from fitdqn.run_lock import run_lock
+
+    run_dir, out = Path(run_dir), Path(out)
+    inside = out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents
+    return run_lock(run_dir, create=False) if inside else contextlib.nullcontext()

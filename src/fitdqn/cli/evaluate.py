@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fitdqn.cli.common import Commands
+from fitdqn.cli.common import Commands, writing_into
 from fitdqn.files import NETWORKS
 
 SPLITS = ("train", "validation", "test")
@@ -38,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
     from fitdqn.train.study import STUDY_NAME, evaluate_study
 
     run_dir = Path(args.run_dir)
-    if (run_dir / STUDY_NAME).is_file():
-        evaluate_study(run_dir, args.split, args.device, network=args.network)
-    else:
-        evaluate_run(run_dir, args.split, args.device, network=args.network)
+    with writing_into(run_dir, run_dir):  # one writer per run directory (a study's members: each in turn)
+        if (run_dir / STUDY_NAME).is_file():
+            evaluate_study(run_dir, args.split, args.device, network=args.network)
+        else:
+            evaluate_run(run_dir, args.split, args.device, network=args.network)
     return 0

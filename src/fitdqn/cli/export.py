@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from fitdqn.cli.common import Commands, add_command
+from fitdqn.cli.common import Commands, add_command, writing_into
 from fitdqn.files import NETWORKS
 
 
@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     # torch.export: imported when the command runs, so `fitdqn --help` stays fast
     from fitdqn.deploy import export_policy, load_run_policy
 
-    out = export_policy(load_run_policy(args.run_dir, "cpu", args.network), args.out)
+    with writing_into(args.run_dir, args.out):  # a program written into the run: one writer at a time
+        out = export_policy(load_run_policy(args.run_dir, "cpu", args.network), args.out)
     print(f"acting network of {args.run_dir} exported to {out} (torch.export.load('{out}').module()(obs) -> "
           "actions, q)")
     return 0

@@ -50,12 +50,12 @@ def device_from_args(args: argparse.Namespace, config: Config):
     """The real probed device, or a described one when any what-if option is given."""
     # fitdqn.device imports torch: imported when the command runs, so `fitdqn --help` stays fast
     from fitdqn.device.probe import probe, what_if_device
-    from fitdqn.device.sizes import parse_size
+    from fitdqn.device.sizes import device_memory_size
 
     if not what_if_given(args):
         return probe(config.train.device)
-    total = parse_size(args.total_memory) if args.total_memory else None
-    free = parse_size(args.free_memory) if args.free_memory else None
+    total = device_memory_size(args.total_memory, "--total-memory") if args.total_memory else None
+    free = device_memory_size(args.free_memory, "--free-memory") if args.free_memory else None
     return what_if_device(args.gpu, total, free)  # the card's facts by name (device.cards)
 
 

@@ -26,6 +26,7 @@ import torch
 from fitdqn.deploy.policy import RunPolicy
 from fitdqn.errors import UserError
 from fitdqn.evaluate.backtest import run_backtest
+from fitdqn.files import atomic_write_bytes
 from fitdqn.market.data import bars_from_config
 from fitdqn.market.env import STOP_ATR, TAKE_PROFIT_ATR, FuturesEnv, sizing_target
 from fitdqn.market.loader import market_from_bars
@@ -150,12 +151,9 @@ def write_actions(frame: pd.DataFrame, out: str | Path) -> Path:
     suffix = out.suffix.lower()
     if suffix not in (".csv", ".parquet", ".pq"):
         raise UserError(f"--out {out}: write the decisions to a .csv or .parquet file")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".csv":
-        frame.to_csv(out, index=False)
-    else:
-        frame.to_parquet(out, index=False)
-    return out
+    if suffix == ".csv":  # a temp file renamed into place: a full disk keeps the previous decisions whole
+        return atomic_write_bytes(out, lambda file: frame.to_csv(file, index=False))
+    return atomic_write_bytes(out, lambda file: frame.to_parquet(file, index=False))
 
 
 def act_run(policy: RunPolicy, data: str | Path, *, start: str | None = None,

@@ -7,7 +7,8 @@ PyTorch kernels in fp32 (no Triton, no autocast), so it loads anywhere ``torch.e
 fitdqn. ``learn.risk = 'neutral'`` picks the best C51 mean, as the learner does; ``'cvar'`` averages the IQN
 quantiles at ``net.iqn_act_quantiles`` evenly spaced levels in ``(0, learn.cvar_alpha)`` (the learner samples
 those levels at random: the same CVaR, without the noise); ``'mean_variance'`` picks the best C51 mean minus
-``learn.risk_aversion`` x C51 variance, as the learner does. The metadata (``fitdqn.json`` in the archive) says how
+``learn.risk_aversion`` x C51 variance, as the learner does. The networks' ``fitdqn::`` operators are exported as
+their plain maths (:mod:`fitdqn.ops.decompositions`). The metadata (``fitdqn.json`` in the archive) says how
 to read the actions: target positions in contracts, stop and take-profit ATR multiples, the observation layout,
 and what a program outside fitdqn needs to build ``obs`` itself and check it: every feature's formula and windows
 (``features``, read from :func:`fitdqn.market.features.feature_columns` itself), how the tokens are assembled
@@ -37,10 +38,12 @@ import fitdqn
 from fitdqn.deploy.policy import RunPolicy
 from fitdqn.errors import UserError
 from fitdqn.evaluate.ensemble import BRACKET_RULE, combine
+from fitdqn.files import atomic_write_rendered
 from fitdqn.market import features as market_features
 from fitdqn.market.env import AGENT_FIELDS, STOP_ATR, TAKE_PROFIT_ATR, position_levels, sizing_target
 from fitdqn.market.features import FEATURE_NAMES
 from fitdqn.nets.qnet import QNetwork
+from fitdqn.ops.decompositions import plain_decompositions
 
 METADATA_NAME = "fitdqn.json"
 
@@ -60,7 +63,7 @@ class ActingNetwork(nn.Module):
         features = self.net.features(obs)  # [B, d]
         if self.risk == "cvar":
             taus = self.taus.expand(obs.shape[0], -1)  # [B, K]
-            values = self.net.iqn.reference(features, taus)  # [B, K, sum(branches)]: plain ops, exportable
+            values = self.net.iqn(features, taus)  # [B, K, sum(branches)]
             if not self.net.uniform:
                 values = values[..., self.net.pad_index]
             q = values.view(*values.shape[:-1], len(self.net.branches), self.net.max_n).mean(1)  # [B, br, n]
@@ -91,7 +94,7 @@ def acting_network(policy: RunPolicy, learner=None) -> ActingNetwork:
     the same config) with the plain PyTorch kernels, wrapped to act greedily."""
     config = policy.config
     learner = policy.learner if learner is None else learner
-    net = QNetwork(config.net, learner.state_dim, fused=False)
+    net = QNetwork(config.net, learner.state_dim)
     net.load_state_dict({k: v.detach().float().cpu() for k, v in learner.evaluated.state_dict().items()})
     learn = config.learn
     return ActingNetwork(net, learn.risk, learn.cvar_alpha, learn.risk_aversion, config.net.iqn_act_quantiles).eval()
@@ -262,12 +265,18 @@ def export_policy(policy: RunPolicy, out: str | Path, example_batch: int = 2) ->
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
         program = torch.export.export(module, (example,), dynamic_shapes={"obs": {0: batch}})
+        program = program.run_decompositions(plain_decompositions())  # plain ATen ops: no fitdqn:: operator
     standalone = {"features": features_metadata(), "observation": observation_metadata(net.window),
                   "reference": reference_case(policy, program)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.export.save(program, out, extra_files={METADATA_NAME: json.dumps({**metadata(policy), **standalone},
-                                                                            indent=2, default=str)})
-    return out
+    return save_program(program, out, {**metadata(policy), **standalone})
+
+
+def save_program(program: torch.export.ExportedProgram, out: str | Path, info: dict[str, Any]) -> Path:
+    """The program and its metadata (``fitdqn.json``) to ``out``: built in memory (torch.export.save's writer
+    aborts the process when its file fails), then a temp file renamed into place, so a full disk or a kill keeps
+    any earlier program whole."""
+    extra = {METADATA_NAME: json.dumps(info, indent=2, default=str)}
+    return atomic_write_rendered(out, lambda buffer: torch.export.save(program, buffer, extra_files=extra))
 
 
 def load_exported(path: str | Path) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:

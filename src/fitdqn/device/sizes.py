@@ -13,6 +13,7 @@ UNITS = {
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
 }
 SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+DEVICE_MEMORY_MAX = 2**50  # 1 PiB: thousands of times the largest card; a device size beyond it is a typo
 
 
 def parse_size(text: str | int) -> int:
@@ -32,6 +33,16 @@ def parse_size(text: str | int) -> int:
             f"cannot read the size {text!r}: write a number and a unit, e.g. 1.7GiB, 4GB, 512MiB"
         )
     return int(float(match.group(1)) * UNITS[unit])
+
+
+def device_memory_size(text: str, option: str) -> int:
+    """A device memory size the user typed (``--total-memory``): :func:`parse_size`, above 0 and at most
+    ``DEVICE_MEMORY_MAX``."""
+    size = parse_size(text)
+    if not 0 < size <= DEVICE_MEMORY_MAX:
+        raise UserError(f"{option} {text}: {'no memory' if size <= 0 else 'more memory than any device has'}; give "
+                        "the card's memory, above 0 and at most 1 PiB (e.g. 80GB)")
+    return size
 
 
 def format_bytes(count: float) -> str:

@@ -16,13 +16,13 @@ would.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from fitdqn.config import Config
 from fitdqn.errors import UserError
+from fitdqn.files import read_run_json
 from fitdqn.market.loader import Market, check_enough_bars
 from fitdqn.market.splits import Split
 
@@ -96,4 +96,8 @@ FOLD_NAME = "fold.json"
 def run_fold(run_dir: Path) -> Fold | None:
     """The fold a run directory was trained on (its fold.json, written by a walk-forward study), or None."""
     path = Path(run_dir) / FOLD_NAME
-    return Fold.from_json(json.loads(path.read_text())) if path.is_file() else None
+    if not path.is_file():
+        return None
+    return read_run_json(path, "it is written by the walk-forward study (fitdqn train --folds); restore it, or delete "
+                         "this member's folder and run the study's command again to train its fold anew",
+                         Fold.from_json)

@@ -59,7 +59,6 @@ from fitdqn.nets.iql import ValueNet
 from fitdqn.nets.qnet import QNetwork
 from fitdqn.ops.casts import casts_once
 from fitdqn.ops.gather import gather_in_place_grad
-from fitdqn.ops.kernels import resolve_kernels
 
 BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
 OUTPUT_KEYS = ("loss", "c51_loss", "iqn_loss", "iql_loss", "priorities", "q_mean", "v_mean", "grad_norm")
@@ -73,22 +72,18 @@ class Learner:
         self.net_config, self.learn_config = config.net, config.learn
         self.device = torch.device(device)
         self.state_dim = state_dim
-        # the IQN head, the attention core, the quantile Huber loss and the weighted loss as fused operators
-        # (Triton on CUDA), or the chunked head, the elementwise attention, the closed form and the torch lines
-        self.fused = resolve_kernels(config.net.kernels, self.device.type) == "triton"
         with self.device:  # built in place on the device (no .to(): also works under FakeTensorMode)
-            self.online = QNetwork(config.net, state_dim, self.fused)
-            self.target = QNetwork(config.net, state_dim, self.fused).requires_grad_(False)
+            self.online = QNetwork(config.net, state_dim)
+            self.target = QNetwork(config.net, state_dim).requires_grad_(False)
             self.target.load_state_dict(self.online.state_dict())  # a copy (deepcopy breaks fake tensors)
-            self.value = ValueNet(state_dim, config.net.iql_hidden, self.fused)
+            self.value = ValueNet(state_dim, config.net.iql_hidden)
         self.params = [*self.online.parameters(), *self.value.parameters()]
         self.online_params = list(self.online.parameters())
         self.target_params = list(self.target.parameters())
         self.autocast_dtype = autocast_dtype(self.learn_config.precision, self.device)
         # the parameters cast to the autocast dtype at an update's start, in one launch (fitdqn.ops.casts): the
-        # fused kernel set's layers read those copies; autograd's layers (the torch set) cast for themselves
-        self.cast_up_front = ([*self.params, *self.target_params]
-                              if self.fused and self.autocast_dtype is not None else [])
+        # layers read those copies
+        self.cast_up_front = [*self.params, *self.target_params] if self.autocast_dtype is not None else []
         cuda = self.device.type == "cuda"
         # a tensor, so a captured update reads the rate the schedule sets between replays (set_lr_progress);
         # float64 on the CPU, where the fused Adam then steps bit for bit as with a Python float rate
@@ -145,12 +140,11 @@ class Learner:
             log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # [B, br, A]: one kernel from bf16
             taus = torch.rand(obs.shape[0], self.net_config.iqn_quantiles, device=self.device)  # [B, N]
             quantiles = _take_quantiles(self.online.quantiles(features, taus), action)  # [B, N, br]
-            iqn = quantile_huber_loss(quantiles, iqn_target, taus, cfg.kappa, fused=self.fused)  # [B]
+            iqn = quantile_huber_loss(quantiles, iqn_target, taus, cfg.kappa)  # [B]
             v = self.value(obs[:, -1])  # [B]
-        # c51 + w iqn + w iql, importance-weighted (fp32, as one autograd function: fitdqn.learn.losses; fused: an
-        # operator each way, fitdqn.ops.weighted_losses)
+        # c51 + w iqn + w iql, importance-weighted (fp32, an operator each way: fitdqn.learn.losses.weighted_losses)
         loss, means, priorities = weighted_losses(c51_target, log_probs, iqn, v, v_target, weight, self.loss_weights,
-                                                  cfg.iql_expectile, fused=self.fused)
+                                                  cfg.iql_expectile)
         loss.backward()
         self._keep_gradients()
         if self.gradient_sync is not None:
@@ -192,7 +186,7 @@ class Learner:
             v_next = self.value(next_obs[:, -1]).unsqueeze(-1)  # [B, 1]
             rewards = reward.unsqueeze(-1) + discount.unsqueeze(-1) * (v_next - next_q)  # target mean r + d V(s')
             next_quantiles = next_quantiles + (v_next - next_quantiles.mean(1)).unsqueeze(1)
-        c51_target = categorical_projection(next_probs, rewards, discount, target.support, fused=self.fused)
+        c51_target = categorical_projection(next_probs, rewards, discount, target.support)
         iqn_target = reward.view(-1, 1, 1) + discount.view(-1, 1, 1) * next_quantiles  # [B, N', br]
         return c51_target, iqn_target, v_target
 

@@ -1,10 +1,11 @@
 """The three losses as plain tensor functions: C51 projection, IQN quantile Huber, IQL expectile; and their
 weighted sum (:func:`weighted_losses`).
 
-No host syncs and no Python branches on tensor values: each runs eagerly and inside a CUDA graph. With ``fused``,
-C51's projection and the quantile Huber loss are each one operator (:mod:`fitdqn.ops.projection`,
-:mod:`fitdqn.ops.quantile_huber`; a Triton kernel on CUDA): the projection's landing positions are then computed
-inside its kernel, from the rewards, discounts and support as they are.
+No host syncs and no Python branches on tensor values: each runs eagerly and inside a CUDA graph. C51's
+projection, the quantile Huber loss and the weighted sum are operators (:mod:`fitdqn.ops.projection`,
+:mod:`fitdqn.ops.quantile_huber`, :mod:`fitdqn.ops.weighted_losses`; Triton kernels on CUDA, the plain maths on the
+CPU): the projection's landing positions are computed inside its kernel, from the rewards, discounts and support as
+they are.
 """
 
 from __future__ import annotations
@@ -13,15 +14,14 @@ from typing import NamedTuple
 
 import torch
 
-from fitdqn.ops.projection import atom_positions, project_dense, project_returns
+from fitdqn.ops.projection import project_returns
 from fitdqn.ops.quantile_huber import QuantileHuber
 from fitdqn.ops.weighted_losses import FusedWeightedLosses
 
 
 @torch.no_grad()
 def categorical_projection(
-    next_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor,
-    fused: bool = False,
+    next_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor
 ) -> torch.Tensor:
     """Project ``r + discount * z`` onto the support (C51's Phi operator); a target, so no gradient.
 
@@ -33,17 +33,12 @@ def categorical_projection(
     The dense hat is deterministic on CUDA (no scatter-add atomics) and runs in fp32 even under autocast (which
     would round the target distribution to bf16, about 3 significant digits).
 
-    ``fused``: the whole projection is the operator ``fitdqn::categorical_projection``
-    (:mod:`fitdqn.ops.projection`): on CUDA one Triton kernel that computes the landing positions and the hat in
-    registers and writes only the result; elsewhere the torch maths below. Here only views are made (rewards and
-    discounts ``[B]`` as they are, else ``[B, br]`` views), so on CUDA the projection is one launch; the positions
-    may differ from the torch path's by fp32 rounding (one ulp: :mod:`fitdqn.ops.projection`). Else the torch
-    maths here: the positions (:func:`fitdqn.ops.projection.atom_positions`), then the dense form, one ``[A, A]``
-    hat per sample shared by its branches when the rewards are.
+    The whole projection is the operator ``fitdqn::categorical_projection`` (:mod:`fitdqn.ops.projection`): on
+    CUDA one Triton kernel that computes the landing positions and the hat in registers and writes only the result;
+    on the CPU the positions (:func:`fitdqn.ops.projection.atom_positions`), then the dense form. Here only views
+    are made (rewards and discounts ``[B]`` as they are, else ``[B, br]`` views), so on CUDA the projection is one
+    launch.
     """
-    if not fused:
-        positions = atom_positions(next_probs.dim(), rewards, discounts, support)  # [B, ..., A], 1 where shared
-        return project_dense(next_probs, positions)
     lead = next_probs.shape[:-1]  # [B, ...]
     flat = project_returns(next_probs.reshape(-1, next_probs.shape[-1]), _per_row(rewards, lead),
                            _per_row(discounts, lead), support)  # [R, A]
@@ -60,7 +55,7 @@ def _per_row(values: torch.Tensor, lead: torch.Size) -> torch.Tensor:
 
 
 def quantile_huber_loss(
-    pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float, fused: bool = False
+    pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float
 ) -> torch.Tensor:
     """IQN's quantile Huber loss per sample: ``[B]``.
 
@@ -75,9 +70,9 @@ def quantile_huber_loss(
     Memory and time go from O(N N') to O((N + N') log N') per sample. The gradient w.r.t. ``pred`` is
     computed in the same pass and is all that is saved for backward (``[B, N, ...]``).
 
-    ``fused``: run the operator ``fitdqn::quantile_huber`` instead (:mod:`fitdqn.ops.quantile_huber`): on
-    CUDA a Triton kernel that forms the pairs in registers (same maths, fp32, no temporaries); elsewhere this
-    closed form. Same result and saved tensor either way.
+    The operator ``fitdqn::quantile_huber`` (:mod:`fitdqn.ops.quantile_huber`): on CUDA a Triton kernel that forms
+    the pairs in registers (same maths, fp32, no temporaries); on the CPU this closed form. Same result and saved
+    tensor either way.
     """
     if not kappa > 0:
         raise ValueError(f"kappa must be positive, got {kappa}")
@@ -85,7 +80,7 @@ def quantile_huber_loss(
         raise ValueError(f"pred {tuple(pred.shape)} and target {tuple(target.shape)} do not match")
     if taus.shape != pred.shape[:2]:
         raise ValueError(f"taus {tuple(taus.shape)} must be [B, N] = {tuple(pred.shape[:2])}")
-    return QuantileHuber.apply(pred, target.detach(), taus.detach(), float(kappa), fused)
+    return QuantileHuber.apply(pred, target.detach(), taus.detach(), float(kappa))
 
 
 def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
@@ -107,7 +102,7 @@ class WeightedLosses(NamedTuple):
 
 def weighted_losses(
     c51_target: torch.Tensor, log_probs: torch.Tensor, iqn: torch.Tensor, v: torch.Tensor, v_target: torch.Tensor,
-    weight: torch.Tensor, loss_weights: torch.Tensor, expectile: float, fused: bool = False,
+    weight: torch.Tensor, loss_weights: torch.Tensor, expectile: float,
 ) -> WeightedLosses:
     """The update's loss: ``mean_B(weight * (c51 + w_iqn * iqn + w_iql * iql))``, with its three parts' weighted
     means and the C51 priorities, as one autograd function.
@@ -120,52 +115,11 @@ def weighted_losses(
 
     Written by hand because autograd's version of these few lines is 37 ops, most on ``[B]`` vectors (the three
     means, the sum, the expectile's pieces and each one's backward; a CPU census of the update's aten ops), each a
-    kernel launch of a few microseconds in the update's graph; here the forward is 12 and the backward 7 (fp32
-    ``iqn`` and ``v``; bf16 ones add their two casts each way). Everything runs in fp32, outside autocast.
-
-    ``fused``: run the operators ``fitdqn::weighted_losses`` and its backward instead
-    (:mod:`fitdqn.ops.weighted_losses`): on CUDA one Triton kernel each way, so the forward is 3 launches (the
-    kernel, the sum of its partial sums, the dot with ``loss_weights``) and the backward 1; elsewhere the same maths
-    in torch. The same operations in the same order: the gradients are this path's bit for bit,
-    the priorities and means differ by fp32 summation order (the priorities not at all on the CPU).
+    kernel launch of a few microseconds in the update's graph: here the operators ``fitdqn::weighted_losses`` and
+    its backward (:mod:`fitdqn.ops.weighted_losses`), on CUDA one Triton kernel each way, so the forward is 3
+    launches (the kernel, the sum of its partial sums, the dot with ``loss_weights``) and the backward 1; on the CPU
+    the same maths in torch. Everything runs in fp32, outside autocast.
     """
-    function = FusedWeightedLosses if fused else _WeightedLosses
     with torch.autocast(log_probs.device.type, enabled=False):
-        return WeightedLosses(*function.apply(c51_target, log_probs, iqn, v, v_target, weight, loss_weights,
-                                              float(expectile)))
-
-
-class _WeightedLosses(torch.autograd.Function):
-    """:func:`weighted_losses`. Saved for backward: the targets, the scaled importance weights ``[B]`` and the
-    expectile's slope ``[B]`` (its loss is ``slope * diff``); all but the first exist in the forward anyway."""
-
-    @staticmethod
-    def forward(ctx, c51_target, log_probs, iqn, v, v_target, weight, loss_weights, expectile):
-        batch, branches = log_probs.shape[:2]
-        priorities = (c51_target * log_probs).sum((1, 2)) * (-1.0 / branches)  # [B]
-        diff = v_target - v.float()  # [B]
-        slope = torch.where(diff < 0, 1.0 - expectile, expectile) * diff  # [B]
-        parts = torch.stack([priorities, iqn.float(), slope * diff])  # [3, B]: c51, iqn, iql per sample
-        scaled = weight.float() * (1.0 / batch)  # [B]
-        means = torch.mv(parts, scaled)  # [3]
-        loss = torch.dot(means, loss_weights)  # []
-        ctx.save_for_backward(c51_target, scaled, slope, loss_weights)
-        ctx.branches, ctx.iqn_dtype, ctx.v_dtype = branches, iqn.dtype, v.dtype
-        ctx.mark_non_differentiable(means, priorities)
-        ctx.set_materialize_grads(False)  # no zero gradients made for the parts, which backward never reads
-        return loss, means, priorities
-
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_means, _grad_priorities):
-        if grad_loss is None:  # nothing downstream used the loss
-            return (None,) * 8
-        c51_target, scaled, slope, loss_weights = ctx.saved_tensors
-        per_sample = scaled * grad_loss  # [B]: d loss / d (sample's weighted sum)
-        grad_log_probs = grad_iqn = grad_v = None
-        if ctx.needs_input_grad[1]:
-            grad_log_probs = c51_target * (per_sample * (-1.0 / ctx.branches)).view(-1, 1, 1)  # [B, br, A]
-        if ctx.needs_input_grad[2]:
-            grad_iqn = (per_sample * loss_weights[1]).to(ctx.iqn_dtype)  # [B]
-        if ctx.needs_input_grad[3]:  # d iql / d v = -2 * slope
-            grad_v = (per_sample * (loss_weights[2] * -2.0) * slope).to(ctx.v_dtype)  # [B]
-        return None, grad_log_probs, grad_iqn, grad_v, None, None, None, None
+        return WeightedLosses(*FusedWeightedLosses.apply(c51_target, log_probs, iqn, v, v_target, weight,
+                                                         loss_weights, float(expectile)))

@@ -80,6 +80,8 @@ FILE_SUFFIXES = (".csv", ".txt", ".parquet", ".pq")
 # (RE2 syntax: pyarrow runs these over the whole column).
 _ZONE = r"(?i)^(?P<wall>.*\d:\d\d(?::\d\d(?:[.,]\d+)?)?)\s*(?P<zone>Z|UTC|GMT|[+-]\d\d(?::?\d\d)?)$"
 _ZONE_END = r"(?i)(?:Z|UTC|GMT|[+-]\d\d(?::?\d\d)?)$"  # cheap pre-check of _ZONE
+# A zone name after a time of day ('09:30 EST', '09:30:00 America/New_York'): refused by name (Python re)
+_ZONE_NAME = r"\d:\d\d(?::\d\d(?:[.,]\d+)?)?\s*(?P<zone>[A-Za-z][A-Za-z_]*(?:/[A-Za-z_+-]+)*)$"
 # The first two numbers of a date written day/month/year or month/day/year (any of . / - between them).
 _DAY_MONTH = r"^\s*(?P<first>\d{1,2})[./-](?P<second>\d{1,2})[./-]\d{2,4}(?:\D|$)"
 _DATE_FORMAT_HELP = (
@@ -246,6 +248,14 @@ def _parse_text_timestamps(raw: pd.Series, source: str, column: str, date_format
     bad = stamps.isna() & raw.notna()
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
+        named = re.search(_ZONE_NAME, str(raw.iloc[i]).strip())
+        if named and named.group("zone").upper() not in ("AM", "PM"):
+            raise UserError(
+                f"{source}: column '{column}' {_row(i)}: {raw.iloc[i]!r} ends in the time-zone name "
+                f"{named.group('zone')!r}, which fitdqn does not read (a name's offset changes with daylight saving "
+                "and abbreviations are ambiguous); times are kept as wall-clock times, so drop the zone names from "
+                "the column, or write UTC offsets such as 09:30:00-05:00"
+            )
         fix = (
             f"the value does not match market.date_format {date_format!r}; fix the value or the pattern"
             if date_format not in DATE_ORDERS
@@ -364,6 +374,7 @@ def normalise_bars(frame: pd.DataFrame, source: str = "bars", *, date_format: st
         out[canonical] = values
     bars = pd.DataFrame(out)
     validate_bars(bars, source, names=names, hint=hint)
+    check_gaps(bars["timestamp"], source)
     bars.attrs["volume_column"] = None if found["volume"] is None else str(found["volume"])
     return bars
 
@@ -427,6 +438,44 @@ def validate_bars(
             )
 
 
+# A gap between two bars far beyond the data's own calendar: longer than GAP_STEPS typical (median) steps and
+# than GAP_FLOOR (a weekend, holidays, a closed week stay far below both). Such a file is refused at load, never
+# split: fitdqn trains on one continuous series, and the features, the episodes and the bars-per-year calendar
+# would run across the gap.
+GAP_STEPS = 100
+GAP_FLOOR = pd.Timedelta(days=31)
+
+
+def check_gaps(stamps: pd.Series, source: str) -> None:
+    """UserError naming the longest gap when it is far beyond the bars' own spacing (``GAP_STEPS`` median
+    steps and ``GAP_FLOOR``), with the rows on either side and what to do."""
+    values = stamps.to_numpy()
+    if len(values) < 3:
+        return
+    steps = np.diff(values)  # [T-1] timedelta64
+    typical = pd.Timedelta(np.median(steps))
+    i = int(np.argmax(steps))
+    gap = pd.Timedelta(steps[i])
+    if gap <= max(GAP_STEPS * typical, GAP_FLOOR):
+        return
+    raise UserError(
+        f"{source}: a gap of {gap_text(gap)} between {_row(i)}, {_when(values[i])}, and data row {i + 2}, "
+        f"{_when(values[i + 1])}, where the bars are {gap_text(typical)} apart (median): fitdqn trains on one "
+        f"continuous series, and its features, episodes and calendar would run across the gap; keep the bars on "
+        f"one side of it (the {len(values) - i - 1} bars after it, or the {i + 1} before) in a file of their own"
+    )
+
+
+def gap_text(span: pd.Timedelta) -> str:
+    """A span in the largest unit that fits: '12.5 years', '3 days', '1 day', '5 minutes'."""
+    seconds = span.total_seconds()
+    for unit, length in (("year", DAYS_PER_YEAR * 86400), ("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= length:
+            value = seconds / length
+            return f"{value:.3g} {unit}" + ("" if value == 1 else "s")
+    return f"{seconds:.3g} seconds"
+
+
 # ---------------------------------------------------------------------------------------------- sources
 def read_bars_file(path: str | Path, *, date_format: str) -> pd.DataFrame:
     """Bars from a CSV (``.csv``/``.txt``) or Parquet (``.parquet``/``.pq``) file, validated; ``date_format``
@@ -438,6 +487,10 @@ def read_bars_file(path: str | Path, *, date_format: str) -> pd.DataFrame:
             f"market.data: file '{path}' not found; give a CSV/Parquet path or one of {', '.join(BUILTIN)}"
         )
     suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        check_parquet_file(path, source)
+    elif suffix in (".csv", ".txt"):
+        check_text_file(path, source)
     try:
         if suffix in (".parquet", ".pq"):
             frame = pd.read_parquet(path)
@@ -457,6 +510,102 @@ def read_bars_file(path: str | Path, *, date_format: str) -> pd.DataFrame:
     if frame.empty:
         raise UserError(f"{source}: no rows; give a file with one bar per row")
     return normalise_bars(frame, source, date_format=date_format)
+
+
+SNIFF_BYTES = 64 * 1024  # the start of a text file checked for binary content before it is parsed
+SCAN_BYTES = 1024 * 1024  # the chunk a text file is scanned in for NUL bytes (memory stays at this)
+CONTROL_BYTES = bytes(set(range(32)) - set(b"\t\n\r\f\v\x1a"))  # never in text rows (0x1a: an old end-of-file mark)
+PARQUET_MAGIC = b"PAR1"  # at the start and the end of every Parquet file
+
+
+def check_text_file(path: Path, source: str) -> None:
+    """Refuse a CSV/text file that is not text rows before it is parsed whole: a control byte or bytes that are
+    not UTF-8 near its start (a binary file), or NUL bytes anywhere (a damaged or zero-filled file). The file
+    is scanned in ``SCAN_BYTES`` chunks, so memory stays bounded whatever its size; the message names the row,
+    the byte offset and what was found there."""
+    rows, offset = 0, 0
+    try:
+        with open(path, "rb") as file:
+            head = file.read(SNIFF_BYTES)
+            check_text_start(head, source)
+            chunk = head
+            while chunk:
+                nul = chunk.find(b"\0")
+                if nul >= 0:
+                    row = rows + chunk.count(b"\n", 0, nul) + 1
+                    if utf16_like(head):
+                        raise UserError(f"{source}: UTF-16 text (every other byte is 0x00): save the file as UTF-8 "
+                                        "CSV")
+                    raise UserError(
+                        f"{source}: line {row} (byte {offset + nul:,}) holds NUL bytes (0x00), not text: the file "
+                        "is damaged or was never fully written (a disk or copy that failed); "
+                        + ("it holds no text rows at all; " if offset + nul == 0 else
+                           f"the {row - 1} line(s) before it may be whole: keep those (e.g. head -n {row - 1}); ")
+                        + "give the bars as a CSV of text rows")
+                rows += chunk.count(b"\n")
+                offset += len(chunk)
+                chunk = file.read(SCAN_BYTES)
+    except OSError as error:
+        raise UserError(f"{source}: cannot be read ({error.strerror or error}); check the file") from None
+
+
+def utf16_like(head: bytes) -> bool:
+    """Text saved as UTF-16 without a byte-order mark: ASCII letters with a 0x00 between each two."""
+    sample = head[:1024]
+    even, odd = sample[0::2], sample[1::2]
+    zeros = (even.count(0), odd.count(0))
+    return len(sample) >= 8 and ((zeros[1] > 0.9 * len(odd) and zeros[0] == 0)
+                                 or (zeros[0] > 0.9 * len(even) and zeros[1] == 0))
+
+
+def check_text_start(head: bytes, source: str) -> None:
+    """UserError when the first bytes of a text file are binary: a known binary format, control bytes, or not
+    UTF-8."""
+    if binary_kind(head):
+        raise UserError(f"{source}: this is a binary file, not CSV text{binary_kind(head)}; give the bars as a CSV "
+                        "of text rows or as Parquet (.parquet)")
+    control = next((i for i, byte in enumerate(head) if byte in CONTROL_BYTES and byte != 0), None)
+    if control is not None:
+        row = head.count(b"\n", 0, control) + 1
+        raise UserError(f"{source}: line {row} (byte {control:,}) holds the control byte 0x{head[control]:02x}: "
+                        f"this is a binary file, not CSV text{binary_kind(head)}; give the bars as a CSV of text rows "
+                        "or as Parquet (.parquet)")
+    text = head[: len(head) - 3] if len(head) == SNIFF_BYTES else head  # a character may be cut at the chunk's end
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError as error:
+        row = head.count(b"\n", 0, error.start) + 1
+        raise UserError(f"{source}: line {row} (byte {error.start:,}) holds 0x{head[error.start]:02x}, which is "
+                        f"not UTF-8 text{binary_kind(head)}; save the file as UTF-8 CSV (or give Parquet)") from None
+
+
+BINARY_KINDS = ((b"PK\x03\x04", "a zip archive (an Excel .xlsx, a torch checkpoint?)"), (b"\x1f\x8b", "gzip data"),
+                (PARQUET_MAGIC, "a Parquet file: name it .parquet"), (b"\x89PNG", "a PNG image"),
+                (b"\xd0\xcf\x11\xe0", "an old Excel .xls / Office file"), (b"\x7fELF", "a program"))
+
+
+def binary_kind(head: bytes) -> str:
+    """' (it starts like ...)' for a few well-known binary formats, else ''."""
+    kind = next((what for magic, what in BINARY_KINDS if head.startswith(magic)), None)
+    return f" (it starts like {kind})" if kind else ""
+
+
+def check_parquet_file(path: Path, source: str) -> None:
+    """UserError unless the file starts and ends with Parquet's magic bytes (read: 8 bytes)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as file:
+            head = file.read(len(PARQUET_MAGIC))
+            file.seek(max(size - len(PARQUET_MAGIC), 0))
+            tail = file.read(len(PARQUET_MAGIC))
+    except OSError as error:
+        raise UserError(f"{source}: cannot be read ({error.strerror or error}); check the file") from None
+    if head != PARQUET_MAGIC:
+        raise UserError(f"{source}: not a Parquet file: it does not start with {PARQUET_MAGIC!r}{binary_kind(head)}; "
+                        "give a Parquet file, or a CSV named .csv")
+    if tail != PARQUET_MAGIC:
+        raise UserError(f"{source}: a Parquet file cut short or damaged (its last bytes are not {PARQUET_MAGIC!r}, "
+                        f"size {size:,} bytes); copy or write it again")
 
 
 def builtin_bars(name: str) -> pd.DataFrame:
@@ -601,9 +750,10 @@ def bars_per_year(timestamps) -> float:
         if (y > first.year or first <= pd.Timestamp(y, 1, 1) + FULL_YEAR_SLACK)
         and (y < last.year or last >= pd.Timestamp(y, 12, 31) - FULL_YEAR_SLACK)
     ]
+    counts = years.value_counts()
+    full_years = [y for y in full_years if y in counts.index]  # a year without a bar is a gap, not the calendar
     if full_years:
-        counts = years.value_counts()
-        return float(np.median([int(counts.get(y, 0)) for y in full_years]))
+        return float(np.median([int(counts[y]) for y in full_years]))
     week_start = (stamps - pd.to_timedelta(stamps.day_of_week, unit="D")).normalize()  # Monday 00:00 of each bar
     weeks = pd.Series(week_start).value_counts()
     inside = weeks.index[(weeks.index > week_start[0]) & (weeks.index < week_start[-1])]

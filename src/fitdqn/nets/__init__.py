@@ -1,4 +1,4 @@
-"""Networks: per-token trunk + last-token attention, branching dueling C51, fused IQN, IQL value net.
+"""Networks: per-token trunk + last-token attention, branching dueling C51, IQN, IQL value net.
 
 The names below are loaded on first use (PEP 562): the planner reads ``fitdqn.nets.groups`` without building
 the networks' modules.
@@ -7,10 +7,10 @@ the networks' modules.
 from fitdqn.lazy import lazy_names
 
 _HOMES = {
-    "LastTokenAttention": "attention", "BranchingDuelingC51": "c51", "dueling": "c51", "GROUP_ATTR": "groups",
+    "LastTokenAttention": "attention", "BranchingDuelingC51": "c51", "GROUP_ATTR": "groups",
     "MEMORY_GROUPS": "groups", "TARGET_COPIED": "groups", "ParameterGroup": "groups", "group_of": "groups",
     "parameter_groups": "groups", "tag": "groups", "ValueNet": "iql", "IQNHead": "iqn",
-    "QuantileHeadFunction": "iqn", "cosine_embedding": "iqn", "QNetwork": "qnet", "TokenMLP": "trunk",
+    "cosine_embedding": "iqn", "QNetwork": "qnet", "TokenMLP": "trunk",
 }
 
 __all__ = sorted(_HOMES)

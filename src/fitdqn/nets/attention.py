@@ -10,21 +10,20 @@ Memory per sample saved for backward (elements; bf16 under autocast = 2 bytes ea
 - K/V projection output ``[W, 2 * d_model]`` (4096 for W = 8, d_model = 256: 8 KB) — the dominant term;
 - query, attention weights ``[W, heads]`` (32 numbers), attention output, output projection, residual:
   ``[d_model]`` each at most;
-- LayerNorm: in the unfused path its input ``[d_model]`` (the bf16 sum cast to fp32 under CUDA autocast: 1 KB at
-  d_model 256) and two per-sample statistics; in the fused path the residual sum ``[d_model]`` in the compute
-  dtype (bf16 under autocast: 512 B) and the same two fp32 statistics (below).
+- LayerNorm: the residual sum ``[d_model]`` in the compute dtype (bf16 under autocast: 512 B) and two fp32
+  per-sample statistics (below).
 A full-sequence block (queries, outputs, residuals for all W tokens) would keep about W times the
 ``[d_model]`` terms as well; nothing reads the other W - 1 outputs, so they are not computed.
 
-The fused path (``fused=True``, :mod:`fitdqn.ops.attention`): everything between the projections is one
-operator, ``fitdqn::last_token_attention(q [B, d], kv [B, W, 2 d], heads)``, Triton kernels on CUDA
-(:mod:`fitdqn.ops.attention_triton`). The elementwise form (:meth:`LastTokenAttention.reference`) spends its
+Everything between the projections is one operator (:mod:`fitdqn.ops.attention`),
+``fitdqn::last_token_attention(q [B, d], kv [B, W, 2 d], heads)``, Triton kernels on CUDA
+(:mod:`fitdqn.ops.attention_triton`). The elementwise form in plain autograd (``tests/support/reference``) spends its
 time in strided, non-vectorised multiplies, reductions with staging buffers and, in backward,
 ``select_backward`` + ``CopySlices`` zero-filling ``[B, W, 2 d]``. Measured on an H200 at B = 8192 (bf16): the
 operator's forward takes 37 us a call, 3 calls an update; the graphed update went from 8.05 to 6.09 ms with this
 operator, the IQN backward's wider slices (-0.78 ms) and the Huber kernel at 2 warps (-0.05 ms): about 1.1 ms is
-this operator's. Per sample (bf16 under autocast, W = 8, d = 256, 4 heads) the fused path keeps for backward
-only the core's inputs, q ``[d]`` and kv ``[W, 2 d]`` (8.5 KB: the K/V projection output is kept by both paths),
+this operator's. Per sample (bf16 under autocast, W = 8, d = 256, 4 heads) the operator keeps for backward
+only the core's inputs, q ``[d]`` and kv ``[W, 2 d]`` (8.5 KB: the K/V projection output is kept either way),
 not the fp32 softmax and its bf16 copy ``[W, heads]`` (192 B): the backward recomputes the W x heads scores and
 weights from q and kv, 32 numbers a sample. It also makes no transients: the forward allocates only its ``[d]``
 output (the elementwise form about 9.5 KB: two ``[W, d]`` products, the score tensors, an fp32 ``[d]`` sum), the
@@ -33,9 +32,9 @@ backward only grad q ``[d]`` and grad kv ``[W, 2 d]`` (8.5 KB, every element wri
 sum). Its fake kernels allocate exactly those outputs, so the planner's trace sees what the GPU allocates. On
 the CPU the operator runs the elementwise maths (forward) and the closed-form gradient (backward).
 
-The fused path ends with a second operator, ``fitdqn::residual_layer_norm`` (:mod:`fitdqn.ops.residual_norm`,
+The block ends with a second operator, ``fitdqn::residual_layer_norm`` (:mod:`fitdqn.ops.residual_norm`,
 Triton on CUDA): the residual add and the LayerNorm in one kernel, and their backward (the input gradient and the
-weight and bias gradients' per-program partial sums) in another. Under CUDA bf16 autocast the unfused block runs a
+weight and bias gradients' per-program partial sums) in another. Under CUDA bf16 autocast a plain block runs a
 bf16 add, a cast of the sum to fp32, ATen's LayerNorm with fp32 output, and its consumers cast the features back to
 bf16; the operator rounds the sum to bf16 as that add did, normalises it in fp32 and writes the features once, in
 bf16, which the heads read directly. Saved for backward per sample: the bf16 sum ``[d]`` (512 B at d = 256) and the
@@ -65,19 +64,17 @@ from fitdqn.ops.residual_norm import residual_layer_norm
 class LastTokenAttention(nn.Module):
     """``tokens [B, W, d_model] -> [B, d_model]``: LayerNorm(last + out(attention(last -> all tokens))).
 
-    ``fused``: the core between the projections is the operator ``fitdqn::last_token_attention`` (Triton on
-    CUDA, the same elementwise maths elsewhere), the residual add and LayerNorm the operator
-    ``fitdqn::residual_layer_norm`` (output in the compute dtype: bf16 under autocast, where ``nn.LayerNorm``'s is
-    fp32), and the projections take their bias gradients as matrix-vector products
-    (:func:`fitdqn.ops.linear.linear`), else :meth:`reference`'s elementwise ops and plain layers.
+    The core between the projections is the operator ``fitdqn::last_token_attention`` (Triton on CUDA, the
+    elementwise maths elsewhere), the residual add and LayerNorm the operator ``fitdqn::residual_layer_norm``
+    (output in the compute dtype: bf16 under autocast, where ``nn.LayerNorm``'s is fp32), and the projections take
+    their bias gradients as matrix-vector products (:func:`fitdqn.ops.linear.linear`).
     """
 
-    def __init__(self, d_model: int, heads: int, fused: bool = False) -> None:
+    def __init__(self, d_model: int, heads: int) -> None:
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by {heads} heads")
         self.heads = heads
-        self.fused = fused
         self.query = nn.Linear(d_model, d_model)
         self.key_value = nn.Linear(d_model, 2 * d_model)
         self.out = nn.Linear(d_model, d_model)
@@ -85,8 +82,6 @@ class LastTokenAttention(nn.Module):
         tag(self, "attention")
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if not self.fused:
-            return self.reference(tokens)
         last = tokens[:, -1]  # [B, d]
         q = linear(last, self.query.weight, self.query.bias)  # [B, d]
         kv = linear(tokens, self.key_value.weight, self.key_value.bias)  # [B, W, 2d]
@@ -94,17 +89,3 @@ class LastTokenAttention(nn.Module):
         projected = linear(attended, self.out.weight, self.out.bias)  # [B, d]
         norm = self.norm
         return residual_layer_norm(projected, last, norm.weight, norm.bias, norm.eps)  # [B, d]: the operator
-
-    def reference(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The elementwise maths in plain autograd (``nn.LayerNorm`` on the residual sum): the unfused path and the
-        fused path's test oracle."""
-        batch, window, d_model = tokens.shape
-        heads, head_dim = self.heads, d_model // self.heads
-        last = tokens[:, -1]  # [B, d]
-        q = self.query(last).view(batch, 1, heads, head_dim)  # [B, 1, H, dh]
-        kv = self.key_value(tokens).view(batch, window, 2, heads, head_dim)  # [B, W, 2, H, dh]
-        k, v = kv[:, :, 0], kv[:, :, 1]  # [B, W, H, dh] each (views of kv)
-        scores = (k * q).sum(-1, dtype=torch.float32) * head_dim**-0.5  # [B, W, H]
-        weights = torch.softmax(scores, dim=1).to(v.dtype)  # [B, W, H]: over the W tokens
-        attended = (weights.unsqueeze(-1) * v).sum(1).reshape(batch, d_model)  # [B, d]
-        return self.norm(last + self.out(attended))  # [B, d]

@@ -14,28 +14,25 @@ from fitdqn.nets.attention import LastTokenAttention
 from fitdqn.nets.c51 import BranchingDuelingC51
 from fitdqn.nets.iqn import IQNHead
 from fitdqn.nets.trunk import TokenMLP
-from fitdqn.ops.c51_means import c51_means, expected_values
+from fitdqn.ops.c51_means import q_means
 
 
 class QNetwork(nn.Module):
     """Features, C51 logits/Q values and IQN quantiles for ``obs [B, W, S]``.
 
-    ``fused``: the trunk's ReLUs run in their products' epilogues, the layers take large bias gradients as
-    matrix-vector products (:mod:`fitdqn.ops.linear`), and the IQN head and the attention core run their fused
-    operators (Triton on CUDA; ``net.kernels`` resolved for the device the network runs on,
-    ``fitdqn.ops.kernels.resolve_kernels``), else plain layers, the chunked IQN head and the elementwise attention.
+    Every part calls the operators of :mod:`fitdqn.ops` (Triton on CUDA, the plain maths on the CPU: each
+    operator chooses for itself).
     """
 
-    def __init__(self, net: NetConfig, state_dim: int, fused: bool = False) -> None:
+    def __init__(self, net: NetConfig, state_dim: int) -> None:
         super().__init__()
-        self.fused = fused
         self.branches = tuple(net.branches)
         self.max_n = max(self.branches)
         self.uniform = all(n == self.max_n for n in self.branches)
-        self.tokens = TokenMLP(state_dim, net.trunk_hidden, net.d_model, fused)
-        self.attention = LastTokenAttention(net.d_model, net.attention_heads, fused)
-        self.c51 = BranchingDuelingC51(net.d_model, net.stream_hidden, self.branches, net.num_atoms, fused)
-        self.iqn = IQNHead(net.d_model, net.iqn_embedding, sum(self.branches), net.iqn_chunk, fused)
+        self.tokens = TokenMLP(state_dim, net.trunk_hidden, net.d_model)
+        self.attention = LastTokenAttention(net.d_model, net.attention_heads)
+        self.c51 = BranchingDuelingC51(net.d_model, net.stream_hidden, self.branches, net.num_atoms)
+        self.iqn = IQNHead(net.d_model, net.iqn_embedding, sum(self.branches))
         support = torch.linspace(net.v_min, net.v_max, net.num_atoms)
         self.register_buffer("support", support, persistent=False)  # [atoms]
         valid = torch.zeros(len(self.branches), self.max_n, dtype=torch.bool)
@@ -59,11 +56,8 @@ class QNetwork(nn.Module):
         return self.c51(features)
 
     def q_values(self, logits: torch.Tensor) -> torch.Tensor:
-        """C51 means ``[..., atoms] -> [...]`` on the support, in fp32: fused, the ``fitdqn::c51_means`` operator
-        (no autograd: where a gradient is wanted, the torch form)."""
-        if self.fused and not (torch.is_grad_enabled() and logits.requires_grad):
-            return c51_means(logits, self.support)
-        return expected_values(logits, self.support)
+        """C51 means ``[..., atoms] -> [...]`` on the support, in fp32 (:func:`fitdqn.ops.c51_means.q_means`)."""
+        return q_means(logits, self.support)
 
     def mean_minus_variance(self, logits: torch.Tensor, risk_aversion: float) -> torch.Tensor:
         """C51 mean - ``risk_aversion`` x C51 variance ``[..., atoms] -> [...]`` on the support, in fp32."""

@@ -7,14 +7,14 @@ tokens are flattened to rows first: a linear layer on a 3-D input returns a *vie
 in-place ReLU on a view costs a ``CopySlices`` in backward (a clone and a copy of the whole output: 0.22 ms of
 the update at batch 8192 on an H200).
 
-``fused``: each layer's ReLU runs in its matrix product's epilogue (:func:`fitdqn.ops.linear_relu.linear_relu`,
-one cuBLASLt call on CUDA instead of a product and an elementwise pass over it); same values, same saved tensors.
+Each layer's ReLU runs in its matrix product's epilogue (:func:`fitdqn.ops.linear_relu.linear_relu`, one cuBLASLt
+call on CUDA instead of a product and an elementwise pass over it); the values and saved tensors of
+``relu(linear(x))``.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fitdqn.nets.groups import tag
@@ -24,19 +24,14 @@ from fitdqn.ops.linear_relu import linear_relu
 class TokenMLP(nn.Module):
     """state_dim -> hidden -> d_model on the last dimension: ``[..., S] -> [..., d_model]``."""
 
-    def __init__(self, state_dim: int, hidden: int, d_model: int, fused: bool = False) -> None:
+    def __init__(self, state_dim: int, hidden: int, d_model: int) -> None:
         super().__init__()
-        self.fused = fused
         self.fc1 = nn.Linear(state_dim, hidden)
         self.fc2 = nn.Linear(hidden, d_model)
         tag(self, "dqn")
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         rows = obs.reshape(-1, obs.shape[-1])  # [B * W, S]: 2-D, so each linear output is its own tensor
-        if self.fused:
-            hidden = linear_relu(rows, self.fc1.weight, self.fc1.bias)  # [B * W, trunk_hidden]
-            out = linear_relu(hidden, self.fc2.weight, self.fc2.bias)  # [B * W, d_model]
-            return out.view(*obs.shape[:-1], out.shape[-1])  # [B, W, d_model]
-        hidden = F.relu(self.fc1(rows), inplace=True)  # [B * W, trunk_hidden]
-        out = F.relu(self.fc2(hidden), inplace=True)  # [B * W, d_model]
+        hidden = linear_relu(rows, self.fc1.weight, self.fc1.bias)  # [B * W, trunk_hidden]
+        out = linear_relu(hidden, self.fc2.weight, self.fc2.bias)  # [B * W, d_model]
         return out.view(*obs.shape[:-1], out.shape[-1])  # [B, W, d_model]

@@ -1,6 +1,8 @@
-"""The fused operators, one module each: the reference maths in plain PyTorch, the ``torch.library`` custom op
-(``fitdqn::...``) with its fake kernel (what the GPU kernel allocates, so a memory trace on fake tensors sees
-it), and beside it, in ``<op>_triton.py``, the Triton kernel, imported on first use on CUDA.
+"""The operators, one module each: the ``torch.library`` custom op (``fitdqn::...``) whose CPU kernel is the plain
+maths in PyTorch, whose CUDA kernel is, beside it in ``<op>_triton.py``, the Triton kernel (imported on first use,
+falling back to the CPU maths: :mod:`fitdqn.ops.kernels`), and whose fake kernel allocates what the CUDA kernel
+allocates, so a memory trace on fake tensors sees it. The operator's own dispatch chooses; its callers call it
+unconditionally. The plain-autograd oracles they are tested against are in ``tests/support/reference``.
 
 - :mod:`fitdqn.ops.iqn`: the IQN head's quantile network (``fitdqn::iqn_quantile_head`` and its backward);
 - :mod:`fitdqn.ops.attention`: the last-token attention core (``fitdqn::last_token_attention`` and its backward);
@@ -22,7 +24,8 @@ it), and beside it, in ``<op>_triton.py``, the Triton kernel, imported on first 
   autograd: no custom op, no Triton);
 - :mod:`fitdqn.ops.gather`: ``gather`` with an in-place backward, so that fake tensors trace it as the GPU runs it
   (ATen ops and their autograd: no custom op, no Triton);
-- :mod:`fitdqn.ops.kernels`: ``net.kernels`` resolved for a device, and the lazy import of the Triton modules.
+- :mod:`fitdqn.ops.kernels`: where the Triton kernels run (``FITDQN_TRITON=0`` turns them off), and their lazy
+  import.
 
 Networks (:mod:`fitdqn.nets`), losses (:mod:`fitdqn.learn.losses`) and the replay import these, never the
 reverse: this package imports only torch, :mod:`fitdqn.errors`, :mod:`fitdqn.transitions` and its own modules.
@@ -33,8 +36,8 @@ from fitdqn.ops.attention import last_token_attention
 from fitdqn.ops.c51_means import c51_means
 from fitdqn.ops.fold import folded_output
 from fitdqn.ops.gather import gather_in_place_grad
-from fitdqn.ops.iqn import QuantileHeadFunction, cosine_embedding, iqn_quantile_head
-from fitdqn.ops.kernels import FUSED_DTYPES, KERNELS, resolve_kernels, triton_available
+from fitdqn.ops.iqn import cosine_embedding, iqn_quantile_head
+from fitdqn.ops.kernels import FUSED_DTYPES, TRITON_SWITCH, runs_triton, triton_available
 from fitdqn.ops.linear_relu import linear_relu
 from fitdqn.ops.prioritized import prioritized_draw, prioritized_update
 from fitdqn.ops.projection import atom_positions, project_dense, project_returns
@@ -44,9 +47,9 @@ from fitdqn.ops.residual_norm import residual_layer_norm
 from fitdqn.ops.weighted_losses import FusedWeightedLosses
 
 __all__ = [
-    "FUSED_DTYPES", "FusedWeightedLosses", "GoalCrossing", "KERNELS", "QuantileHeadFunction", "QuantileHuber",
-    "atom_positions", "c51_means", "cosine_embedding", "folded_output", "gather_in_place_grad", "iqn_quantile_head",
+    "FUSED_DTYPES", "FusedWeightedLosses", "GoalCrossing", "QuantileHuber", "TRITON_SWITCH", "atom_positions",
+    "c51_means", "cosine_embedding", "folded_output", "gather_in_place_grad", "iqn_quantile_head",
     "last_token_attention", "linear_relu", "prioritized_draw", "prioritized_update", "project_dense",
-    "project_returns", "quantile_huber", "quantile_huber_sorted", "residual_layer_norm", "resolve_kernels",
+    "project_returns", "quantile_huber", "quantile_huber_sorted", "residual_layer_norm", "runs_triton",
     "triton_available",
 ]

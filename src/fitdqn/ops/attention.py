@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from fitdqn.ops.kernels import triton_dtypes, triton_module
+from fitdqn.ops.kernels import runs_triton, triton_module
 
 
 def _triton():
@@ -45,7 +45,7 @@ def _triton():
 
 def triton_takes(q: torch.Tensor, kv: torch.Tensor) -> bool:
     """Whether the Triton kernels take these dtypes (else the torch maths runs, on any device)."""
-    return triton_dtypes(q, kv)
+    return runs_triton(q, kv)
 
 
 def check_shapes(q: torch.Tensor, kv: torch.Tensor, heads: int) -> None:

@@ -5,13 +5,13 @@
 
     m = max_j logits_j      e_j = exp(logits_j - m)      mean = sum_j e_j z_j / sum_j e_j
 
-The torch form (:func:`expected_values`, the reference, the CPU kernel and the ``net.kernels = 'torch'`` path of
-:meth:`fitdqn.nets.qnet.QNetwork.q_values`) is a softmax, a product and a sum: on CUDA three kernels, each passing
+The torch form (:func:`expected_values`, the CPU kernel, and :func:`q_means` where a gradient is wanted) is a
+softmax, a product and a sum: on CUDA three kernels, each passing
 over an fp32 ``[..., A]`` tensor. Where the update takes the online network's greedy actions for its targets that
 tensor is ``[B, br, n, A]`` (25 MB at batch 8192, 3 x 5 sub-actions, 51 atoms), written by the softmax, read and
 written by the product, read by the sum: about 110 MB of traffic for a 0.4 MB result. The kernel reads the logits
 once (bf16: 12.5 MB) and writes the result. No autograd: the means choose actions and form targets, under
-``torch.no_grad``; :meth:`~fitdqn.nets.qnet.QNetwork.q_values` takes the torch form where a gradient is wanted.
+``torch.no_grad``; :func:`q_means` takes the torch form where a gradient is wanted.
 
 Exactness: the kernel divides once, at the end (``sum e z / sum e``), where the torch form rounds each probability
 first, and sums in another order: the two agree within fp32 rounding (a few ulp of the mean), not bit for bit, so
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from fitdqn.ops.kernels import triton_module
+from fitdqn.ops.kernels import triton_available, triton_module
 
 
 def expected_values(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
@@ -45,6 +45,9 @@ def c51_means(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
 
 @c51_means.register_kernel("cuda")
 def _c51_means_cuda(logits, support):
+    if not triton_available():
+        check_shapes(logits, support)
+        return expected_values(logits, support)
     return triton_module("fitdqn.ops.c51_means_triton").fused_means(logits, support)
 
 
@@ -52,3 +55,11 @@ def _c51_means_cuda(logits, support):
 def _c51_means_fake(logits, support):
     check_shapes(logits, support)
     return logits.new_empty(logits.shape[:-1], dtype=torch.float32)
+
+
+def q_means(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+    """``logits [..., A]`` -> ``[...]`` fp32: the operator where no gradient is wanted (it has no autograd), else the
+    torch form, whose autograd is ATen's."""
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return expected_values(logits, support)
+    return c51_means(logits, support)

@@ -12,9 +12,9 @@ padding rows are never read). Row ``(d, a, k)`` (row index ``(d n + a) atoms + k
     every other block:     0
     bias:                  (B[a, k] + (sum_{a'} B[a', k]) / (-n_d)) + value_bias[k],   B = adv_biases[d]
 
-Rows of padded sub-actions (``n_d <= a < n``) and the ``padding_rows`` at the end are zero. The centring is
-:class:`fitdqn.nets.c51.FoldedOutput`'s ``addcdiv`` (``x + sum / divisor``, divisor ``-n_d``): the same division,
-not a multiplication by ``1 / n_d``.
+Rows of padded sub-actions (``n_d <= a < n``) and the ``padding_rows`` at the end are zero. The centring is one
+``addcdiv`` (``x + sum / divisor``, divisor ``-n_d``): the division of ``x - x.mean()`` on the CPU, not a
+multiplication by ``1 / n_d``.
 
 ``folded_output_backward(grad_weight, grad_bias, branches, atoms, value_rows, widths) -> [value_weight grad [v, h],
 value_bias grad [v], adv_weight grads [w_d, h] each.., adv_bias grads [w_d] each..]`` (one flat list): the fold is
@@ -25,7 +25,7 @@ linear in the parameters, so nothing is saved. ``G_d`` = branch d's rows of colu
 
 and zeros in every parameter's padding rows (rows ``>= atoms`` of the value layer, ``>= n_d atoms`` of branch d's).
 
-Why: the fold is tiny maths (a few hundred kB) but its plain formulation was 9 kernels forward and 7 backward,
+Why: the fold is tiny maths (a few hundred kB) but its plain formulation was 11 ops forward and 22 backward,
 a few microseconds each in the update's launch-bound CUDA graph, run twice forward (online and target networks) and
 once backward. The Triton kernels (:mod:`fitdqn.ops.fold_triton`) write every element once, zeros included (no
 zero fill): ``br`` launches forward (one per branch, each writing all columns of its branch's rows; the last one
@@ -34,9 +34,10 @@ the padding rows too) and ``br + 1`` backward (one per branch for its layer's gr
 Kernels: on CUDA the Triton kernels when every tensor is bf16, fp16 or fp32
 (:data:`fitdqn.ops.kernels.FUSED_DTYPES`) and the layout's valid sub-actions fit the value kernel's bit mask
 (:func:`triton_takes`); everywhere else (and for fp64) the same maths in torch (:func:`fold_maths`,
-:func:`fold_grads`): FoldedOutput's ops in its order, so the CPU kernels give its bits. The Triton kernels sum
-sub-actions in order (``a = 0, 1, ..``; the value gradient over ``(d, a)`` in order), which is the CPU's order at
-some shapes and not at others: equal to FoldedOutput to a few ulps, not bit for bit. The fake kernels allocate
+:func:`fold_grads`: a few ATen ops each way into views of one zeroed buffer). The Triton kernels sum sub-actions in
+order (``a = 0, 1, ..``; the value gradient over ``(d, a)`` in order), which is the CPU's order at some shapes and
+not at others: equal to the CPU kernels to a few ulps, not bit for bit. :func:`plain_fold` is the same maths in
+plain differentiable ops, what an exported program runs (:mod:`fitdqn.ops.decompositions`). The fake kernels allocate
 exactly what the launchers and the CPU kernels return: the weight and bias (two tensors), and one gradient tensor
 per parameter in that parameter's shape.
 
@@ -50,7 +51,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fitdqn.ops.kernels import triton_dtypes, triton_module
+from fitdqn.ops.kernels import runs_triton, triton_module
 
 VALID_BITS = 63  # the value-gradient kernel's bit mask of valid (branch, sub-action) pairs: br * max_n at most
 
@@ -72,7 +73,7 @@ def valid_mask(branches: Sequence[int]) -> int:
 
 def triton_takes(branches: Sequence[int], *tensors: torch.Tensor) -> bool:
     """Whether the Triton kernels take these dtypes and this layout (else the torch maths runs, on any device)."""
-    return triton_dtypes(*tensors) and len(branches) * max(branches) <= VALID_BITS
+    return runs_triton(*tensors) and len(branches) * max(branches) <= VALID_BITS
 
 
 def check_layout(value_weight: torch.Tensor, value_bias: torch.Tensor, adv_weights: Sequence[torch.Tensor],
@@ -129,7 +130,7 @@ def _own_blocks(blocks: torch.Tensor) -> torch.Tensor:
 def fold_maths(value_weight: torch.Tensor, value_bias: torch.Tensor, adv_weights: Sequence[torch.Tensor],
                adv_biases: Sequence[torch.Tensor], branches: Sequence[int], atoms: int, padding_rows: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward in torch: FoldedOutput's ops in its order (its bits), into a zeroed weight and bias."""
+    """The forward in torch, into a zeroed weight and bias (one fill for each)."""
     br, n, hidden, used = len(branches), max(branches), value_weight.shape[1], used_rows(branches, atoms)
     valid, divisor = _layout(branches, value_weight)  # [br, n, 1] each
     weight = value_weight.new_zeros(used + padding_rows, (1 + br) * hidden)  # [rows, (1 + br) h]
@@ -146,9 +147,31 @@ def fold_maths(value_weight: torch.Tensor, value_bias: torch.Tensor, adv_weights
     return weight, bias
 
 
+def plain_fold(value_weight: torch.Tensor, value_bias: torch.Tensor, adv_weights: Sequence[torch.Tensor],
+               adv_biases: Sequence[torch.Tensor], branches: Sequence[int], atoms: int, padding_rows: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fold in plain differentiable ops, each making a new tensor (no ``out=``, nothing in place): the
+    decomposition an exported program runs instead of the operator (:mod:`fitdqn.ops.decompositions`)."""
+    br, n, hidden = len(branches), max(branches), value_weight.shape[1]
+    valid = torch.stack([torch.nn.functional.pad(value_weight.new_ones(size), (0, n - size))
+                         for size in branches]).unsqueeze(-1)  # [br, n, 1]: made by ops (a traced constant is not)
+    counts = valid.sum(1, keepdim=True)  # [br, 1, 1]: each branch's sub-actions
+    adv_weight = _stacked(adv_weights, branches, atoms)  # [br, n, atoms, h]
+    adv_bias = _stacked(adv_biases, branches, atoms)  # [br, n, atoms]
+    adv_weight = (adv_weight - adv_weight.sum(1, keepdim=True) / counts.unsqueeze(-1)) * valid.unsqueeze(-1)
+    adv_bias = (adv_bias - adv_bias.sum(1, keepdim=True) / counts) * valid
+    value_rows = value_weight[:atoms].expand(br, n, atoms, hidden) * valid.unsqueeze(-1)  # [br, n, atoms, h]
+    placement = torch.eye(br, dtype=value_weight.dtype, device=value_weight.device).view(br, 1, 1, br, 1)
+    blocks = adv_weight.unsqueeze(3) * placement  # [br, n, atoms, br, h]: block-diagonal
+    weight = torch.cat([value_rows.unsqueeze(3), blocks], dim=3).reshape(br * n * atoms, (1 + br) * hidden)
+    bias = (adv_bias + value_bias[:atoms] * valid).reshape(-1)  # [br * n * atoms]
+    weight = torch.nn.functional.pad(weight, (0, 0, 0, padding_rows))  # [rows, (1 + br) h]
+    return weight, torch.nn.functional.pad(bias, (0, padding_rows))  # [rows]
+
+
 def fold_grads(grad_weight: torch.Tensor, grad_bias: torch.Tensor, branches: Sequence[int], atoms: int,
                value_rows: int, widths: Sequence[int]) -> list[torch.Tensor]:
-    """The backward in torch: FoldedOutput.backward's ops in its order (its bits); each gradient its own tensor."""
+    """The backward in torch; each gradient its own tensor."""
     br, n, used = len(branches), max(branches), used_rows(branches, atoms)
     hidden = grad_weight.shape[1] // (1 + br)
     valid, divisor = _layout(branches, grad_weight)  # [br, n, 1] each

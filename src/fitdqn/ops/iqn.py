@@ -1,11 +1,10 @@
-"""The IQN head's quantile network ``(features [B, d], taus [B, N]) -> [B, N, O]``: the chunked PyTorch maths
-(reference and ``net.kernels = 'torch'`` path), and the same maths as one PyTorch operator,
-``fitdqn::iqn_quantile_head``, with its backward as a second one (Triton kernels on CUDA:
-:mod:`fitdqn.ops.iqn_triton`).
+"""The IQN head's quantile network ``(features [B, d], taus [B, N]) -> [B, N, O]`` as one PyTorch operator,
+``fitdqn::iqn_quantile_head``, with its backward as a second one: on the CPU the chunked maths below, on CUDA the
+fused Triton kernels of :mod:`fitdqn.ops.iqn_triton`.
 
-**The chunked maths** (:func:`chunked_quantiles`, :func:`chunked_quantile_grads`, :class:`QuantileHeadFunction`).
-Per chunk of c quantiles every matmul is one large GEMM over
-the B * c rows (fast on cuBLAS): ``phi = relu(cos @ embed_w.T + embed_b)`` (ReLU in the GEMM epilogue on
+**The chunked maths** (:func:`chunked_quantiles`, :func:`chunked_quantile_grads`), the CPU kernels, ``CHUNK``
+quantiles at a time. Per chunk of c quantiles every matmul is one large GEMM over
+the B * c rows: ``phi = relu(cos @ embed_w.T + embed_b)`` (ReLU in the GEMM epilogue on
 CUDA), ``h = phi * psi`` and ``Z = h @ out_w.T + out_b``. psi(s) is expanded once per call to a contiguous
 ``[B, c, d]`` so the products run as vectorised same-shape kernels, not broadcasts. Backward recomputes
 ``phi`` and ``h``: ``out_w`` gets ``g.T @ h``; ``dh = g @ out_w``; psi gets ``sum_n dh * phi``; ``embed_w``
@@ -13,13 +12,14 @@ gets ``(dh * psi masked by the ReLU).T @ cos``; ``embed_b`` multiplies the i = 0
 gradient is ``embed_w``'s first column. Matmuls run in ``dtype`` (bf16 under autocast); gradients accumulate
 in fp32 (at least) across chunks. Taus get no gradient (they are sampled).
 Memory: only the inputs (features ``[B, d]``, taus ``[B, N]``) are saved; per sample, psi(s) expanded to
-``[chunk, d]`` plus, per chunk, at most three ``[chunk, d]`` tensors (phi, its gradient and one product):
-about 32 KB in bf16 for chunk 16. Forward (targets included) is chunked the same way.
+``[chunk, d]`` plus, per chunk, at most three ``[chunk, d]`` tensors (phi, its gradient and one product).
+The plain autograd form (``tests/support/reference``) keeps ``[B, N, E]`` cosines and two ``[B, N, d]`` tensors
+for backward; the chunk bounds the transients without costing the CPU speed (the GEMMs stay large).
 
 **The operator** ``iqn_quantile_head(features [B, d], taus [B, N], frequencies [E], embed_w [d, E], embed_b [d],
-out_w [O, d], out_b [O], chunk, dtype) -> [B, N, O]`` (fp32 at least).
+out_w [O, d], out_b [O], dtype) -> [B, N, O]`` (fp32 at least).
 Kernels: on CUDA the fused Triton kernels of :mod:`fitdqn.ops.iqn_triton` (compute dtype bf16, fp16 or
-fp32); everywhere else (and for fp64 on CUDA) the chunked maths, ``chunk`` quantiles at a time.
+fp32; :func:`fitdqn.ops.kernels.runs_triton`); everywhere else (and for fp64 on CUDA) the chunked maths.
 
 Why an operator and not an ``autograd.Function``: the memory planner traces the update on fake tensors
 (``fitdqn.memory.trace``, often fake *CPU* tensors standing in for CUDA ones) and counts every storage an op
@@ -46,8 +46,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from fitdqn.ops.kernels import FUSED_DTYPES, next_power_of_2, triton_dtypes, triton_module
+from fitdqn.ops.kernels import next_power_of_2, runs_triton, triton_module
 
+CHUNK = 16  # quantiles per chunk of the CPU kernels: about 32 KB a sample of transients in bf16 at d = 256
 TILE_ROWS = 64  # (sample, quantile) rows per Triton tile
 WEIGHT_GRAD_PROGRAMS = 128  # programs along the batch in backward (x the d slices: 8 at d = 256)
 
@@ -74,8 +75,8 @@ def _triton():
 
 
 def fused_kernel_takes(features: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether the Triton kernels take these dtypes (else the chunked maths runs, on any device)."""
-    return dtype in FUSED_DTYPES and triton_dtypes(features)
+    """Whether the Triton kernels run for these dtypes (else the chunked maths runs, on any device)."""
+    return runs_triton(features, dtypes=(dtype,))
 
 
 # ---------------------------------------------------------------------------------------------- chunked maths
@@ -99,7 +100,7 @@ def accumulate_dtype(features: torch.Tensor) -> torch.dtype:
 
 def chunked_quantiles(features: torch.Tensor, taus: torch.Tensor, frequencies: torch.Tensor,
                       embed_w: torch.Tensor, embed_b: torch.Tensor, out_w: torch.Tensor, out_b: torch.Tensor,
-                      chunk: int, dtype: torch.dtype) -> torch.Tensor:
+                      dtype: torch.dtype, chunk: int = CHUNK) -> torch.Tensor:
     """Forward: ``features [B, d]``, ``taus [B, N]`` -> ``[B, N, O]`` (:func:`accumulate_dtype`), no autograd."""
     batch, quantiles = taus.shape
     out = torch.empty(batch, quantiles, out_w.shape[0], device=features.device, dtype=accumulate_dtype(features))
@@ -116,7 +117,7 @@ def chunked_quantiles(features: torch.Tensor, taus: torch.Tensor, frequencies: t
 
 def chunked_quantile_grads(grad_out: torch.Tensor, features: torch.Tensor, taus: torch.Tensor,
                            frequencies: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor,
-                           out_w: torch.Tensor, chunk: int, dtype: torch.dtype
+                           out_w: torch.Tensor, dtype: torch.dtype, chunk: int = CHUNK
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward for ``grad_out [B, N, O]``: gradients of features ``[B, d]``, ``embed_w [d, E]``, ``out_w [O, d]``
     and ``out_b [O]``, all in :func:`accumulate_dtype` (``embed_b``'s is ``embed_w``'s first column)."""
@@ -146,27 +147,6 @@ def chunked_quantile_grads(grad_out: torch.Tensor, features: torch.Tensor, taus:
     return grad_x, grad_w1, grad_w2, grad_b2
 
 
-class QuantileHeadFunction(torch.autograd.Function):
-    """The chunked head as an autograd function (module docstring), recomputing in backward."""
-
-    @staticmethod
-    def forward(ctx, features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk: int,
-                dtype: torch.dtype):
-        out = chunked_quantiles(features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype)
-        ctx.save_for_backward(features, taus, frequencies, embed_w, embed_b, out_w, out_b)
-        ctx.chunk, ctx.dtype = chunk, dtype
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):  # grad_out [B, N, O]
-        features, taus, frequencies, embed_w, embed_b, out_w, out_b = ctx.saved_tensors
-        grad_x, grad_w1, grad_w2, grad_b2 = chunked_quantile_grads(
-            grad_out, features, taus, frequencies, embed_w, embed_b, out_w, ctx.chunk, ctx.dtype)
-        grad_b1 = grad_w1[:, 0].clone()  # cos(pi * 0 * tau) = 1: the bias is the first column's twin
-        return (grad_x.to(features.dtype), None, None, grad_w1.to(embed_w.dtype), grad_b1.to(embed_b.dtype),
-                grad_w2.to(out_w.dtype), grad_b2.to(out_b.dtype), None, None)
-
-
 def _expand(features: torch.Tensor, chunk: int, dtype: torch.dtype) -> torch.Tensor:
     """psi(s) repeated over a chunk of quantiles, contiguous: ``[B, d] -> [B, chunk, d]`` in ``dtype``."""
     return features.to(dtype).unsqueeze(1).expand(-1, chunk, -1).contiguous()
@@ -184,20 +164,20 @@ def _linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> t
 @torch.library.custom_op("fitdqn::iqn_quantile_head", mutates_args=())
 def iqn_quantile_head(features: torch.Tensor, taus: torch.Tensor, frequencies: torch.Tensor,
                       embed_w: torch.Tensor, embed_b: torch.Tensor, out_w: torch.Tensor, out_b: torch.Tensor,
-                      chunk: int, dtype: torch.dtype) -> torch.Tensor:
+                      dtype: torch.dtype) -> torch.Tensor:
     """Quantile values ``[B, N, O]``; the default (CPU) kernel is the chunked maths."""
-    return chunked_quantiles(features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype)
+    return chunked_quantiles(features, taus, frequencies, embed_w, embed_b, out_w, out_b, dtype)
 
 
 @iqn_quantile_head.register_kernel("cuda")
-def _quantiles_cuda(features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype):
+def _quantiles_cuda(features, taus, frequencies, embed_w, embed_b, out_w, out_b, dtype):
     if not fused_kernel_takes(features, dtype):
-        return chunked_quantiles(features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype)
+        return chunked_quantiles(features, taus, frequencies, embed_w, embed_b, out_w, out_b, dtype)
     return _triton().fused_quantiles(features, taus, frequencies, embed_w, embed_b, out_w, out_b, dtype)
 
 
 @iqn_quantile_head.register_fake
-def _quantiles_fake(features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype):
+def _quantiles_fake(features, taus, frequencies, embed_w, embed_b, out_w, out_b, dtype):
     batch, quantiles = taus.shape
     return features.new_empty((batch, quantiles, out_w.shape[0]), dtype=accumulate_dtype(features))
 
@@ -207,23 +187,23 @@ def _quantiles_fake(features, taus, frequencies, embed_w, embed_b, out_w, out_b,
 @torch.library.custom_op("fitdqn::iqn_quantile_head_backward", mutates_args=())
 def iqn_quantile_head_backward(grad_out: torch.Tensor, features: torch.Tensor, taus: torch.Tensor,
                                frequencies: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor,
-                               out_w: torch.Tensor, chunk: int, dtype: torch.dtype
+                               out_w: torch.Tensor, dtype: torch.dtype
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``grad_out [B, N, O]`` -> grad features ``[B, d]`` (features' dtype), partial sums of the gradients of
     embed_w ``[P, d, E]``, out_w ``[P, O, d]`` and out_b ``[P, O]`` (module docstring). Default (CPU) kernel: the
     chunked maths."""
-    return _chunked_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype)
+    return _chunked_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, dtype)
 
 
 @iqn_quantile_head_backward.register_kernel("cuda")
-def _grads_cuda(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype):
+def _grads_cuda(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, dtype):
     if not fused_kernel_takes(features, dtype):
-        return _chunked_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype)
+        return _chunked_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, dtype)
     return _triton().fused_quantile_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, dtype)
 
 
 @iqn_quantile_head_backward.register_fake
-def _grads_fake(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype):
+def _grads_fake(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, dtype):
     programs = tile_geometry(*taus.shape).programs
     acc = accumulate_dtype(features)
     (d_model, embedding), outputs = embed_w.shape, out_w.shape[0]
@@ -233,11 +213,11 @@ def _grads_fake(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, 
             features.new_empty((programs, outputs), dtype=acc))
 
 
-def _chunked_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype):
+def _chunked_grads(grad_out, features, taus, frequencies, embed_w, embed_b, out_w, dtype):
     """The backward op's contract from the chunked maths: grad features in their dtype, the exact weight
     gradients in partial row 0."""
     grad_x, grad_w1, grad_w2, grad_b2 = chunked_quantile_grads(
-        grad_out, features, taus, frequencies, embed_w, embed_b, out_w, chunk, dtype)
+        grad_out, features, taus, frequencies, embed_w, embed_b, out_w, dtype)
     programs = tile_geometry(*taus.shape).programs
     return (grad_x.to(features.dtype), _in_row_zero(grad_w1, programs), _in_row_zero(grad_w2, programs),
             _in_row_zero(grad_b2, programs))
@@ -254,19 +234,19 @@ def _in_row_zero(total: torch.Tensor, programs: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------- autograd
 
 def _setup_context(ctx, inputs, output) -> None:
-    features, taus, frequencies, embed_w, embed_b, out_w, out_b, chunk, dtype = inputs
+    features, taus, frequencies, embed_w, embed_b, out_w, out_b, dtype = inputs
     ctx.save_for_backward(features, taus, frequencies, embed_w, embed_b, out_w)  # inputs only
-    ctx.chunk, ctx.dtype, ctx.out_b_dtype = chunk, dtype, out_b.dtype
+    ctx.dtype, ctx.out_b_dtype = dtype, out_b.dtype
 
 
 def _backward(ctx, grad_out):  # grad_out [B, N, O]
     features, taus, frequencies, embed_w, embed_b, out_w = ctx.saved_tensors
     grad_x, w1_parts, w2_parts, b2_parts = torch.ops.fitdqn.iqn_quantile_head_backward(
-        grad_out, features, taus, frequencies, embed_w, embed_b, out_w, ctx.chunk, ctx.dtype)
+        grad_out, features, taus, frequencies, embed_w, embed_b, out_w, ctx.dtype)
     grad_w1 = w1_parts.sum(0)  # [d, E]
     grad_b1 = grad_w1[:, 0].clone()  # cos(pi * 0 * tau) = 1: the bias is the first column's twin
     return (grad_x, None, None, grad_w1.to(embed_w.dtype), grad_b1.to(embed_b.dtype),  # grad_x: features' dtype
-            w2_parts.sum(0).to(out_w.dtype), b2_parts.sum(0).to(ctx.out_b_dtype), None, None)
+            w2_parts.sum(0).to(out_w.dtype), b2_parts.sum(0).to(ctx.out_b_dtype), None)
 
 
 iqn_quantile_head.register_autograd(_backward, setup_context=_setup_context)

@@ -12,25 +12,18 @@ Forward (``_forward_kernel``), grid ``[tiles, quantile blocks]``, one tile per p
 cos ``[64, E]`` in registers; per d slice: ``pre = cos @ embed_w.T + embed_b``, ``phi = relu(pre)``,
 ``h = phi * psi[b]``, ``out += h @ out_w.T`` (``[64, 16]`` fp32); then ``out + out_b`` is stored ``[B, N, O]``.
 
-Backward, ``BACKWARD_KERNEL``: 'transposed' (``_backward_kernel_t``, the default) or 'rows' (``_backward_kernel``),
-the same maths and outputs. 'rows', grid ``[P, d / 128]``: program (p, c) owns d slice c
-and whole samples (tiles p, p + P, ...), so it writes grad features ``[B, d]`` itself, no atomics. It keeps
-its slice of embed_w, embed_b and out_w in registers and, per tile, recomputes cos and phi, loads g (the
-gradient ``[64, O]``), and: ``dh = g @ out_w[:, c]``; ``grad_features[b, c] = sum_n dh * phi``;
-``d_pre = dh * psi * (phi > 0)``; accumulates ``d_pre.T @ cos`` (embed_w), ``g.T @ h`` (out_w) and ``sum g``
-(out_b) in fp32 registers and stores them once into its row of the ``[P, ...]`` partial sums (the op's
-autograd backward sums them over P). The cosines are recomputed once per d slice (twice at d = 256).
-psi is loaded once per sample and d slice and repeated over the sample's rows in registers.
-
-'transposed', grid ``[P, d / D]`` with the same ownership, holds every tile transposed, the d slice as the rows of
-each product (the flash-attention layout): ``pre^T = embed_w[c] @ cos^T`` ``[D, R]``, ``dh^T = out_w[:, c]^T @ g^T``,
+Backward (``_backward_kernel_t``), grid ``[P, d / D]``: program (p, c) owns d slice c and whole samples (tiles p,
+p + P, ...), so it writes grad features ``[B, d]`` itself, no atomics, and stores its weight gradients, summed in
+fp32 registers, once into its row of the ``[P, ...]`` partial sums (the op's autograd backward sums them over P).
+It holds every tile transposed, the d slice as the rows of each product (the flash-attention layout):
+``pre^T = embed_w[c] @ cos^T`` ``[D, R]``, ``dh^T = out_w[:, c]^T @ g^T``,
 ``grad_features[b, c] = sum over the row axis of dh^T * phi^T`` (within a warp: no shared-memory reduction),
 ``grad embed_w += d_pre^T @ cos`` and ``grad out_w^T += h^T @ g``: each product's left operand comes straight from
 the registers of the one before, all four are 64-row wgmma products (out_w's is ``[D, O]``, not ``[O, D]``: 16 rows
-and mma.sync), and cos is made once a tile, one copy in shared memory read by both products that take it (the
-'rows' kernel computes it twice, in two layouts). Compiled for sm_90 by Triton 3.6 (cuobjdump resource usage),
-'rows' at 128 columns and 4 warps takes 255 registers and spills 1008 bytes a thread; 'transposed' at 128 columns
-and 8 warps 255 registers and 72 bytes of stack (32 of them libdevice's cosine).
+and mma.sync), and cos is made once a tile, one copy in shared memory read by both products that take it. Compiled
+for sm_90 by Triton 3.6 (cuobjdump resource usage), at 128 columns and 8 warps it takes 255 registers and 72 bytes
+of stack (32 of them libdevice's cosine); a row-major layout of the same maths spilled 1008 bytes a thread and
+took 0.58 ms where this one takes 0.37 ms (B = 8192, H200).
 """
 
 from __future__ import annotations
@@ -42,20 +35,12 @@ import triton.language as tl
 from fitdqn.ops.iqn import tile_geometry
 from fitdqn.ops.kernels import on_device
 
-# Launch shapes of the 'rows' backward and the forward, timed on an H200 (Triton 3.6, bf16, B = 8192, N = 64,
-# d = 256; benchmarks/tune_kernels.py, BENCHMARKS.md): forward 0.165 ms at 64-column slices, 4 warps, 2 stages
-# (3 stages 0.183, 128 columns 0.194, 8 warps 0.323). Backward 1.32 ms at 128-column slices, 4 warps, 2 stages;
-# 64 columns 1.40-1.63 ms (1-3 stages), 32 columns 2.27-2.32 ms, 8 warps 1.75-3.69 ms; the number of batch
-# programs P moved it by less than 3 % from 128 up (33 programs: 2.9 ms). The wide slices spill registers, but
-# recompute the cosines and reload the tile's rows fewer times (twice at d = 256). A 64-row tile is one
-# warpgroup's wgmma: 8 warps hold it twice.
+# Launch shapes, timed on an H200 (Triton 3.6, bf16, B = 8192, N = 64, d = 256; benchmarks/tune_kernels.py,
+# BENCHMARKS.md): forward 0.165 ms at 64-column slices, 4 warps, 2 stages (3 stages 0.183, 128 columns 0.194,
+# 8 warps 0.323). Backward at 256 columns (the whole d = 256 in one slice), 16 warps, 2 stages: alone 0.37 ms at
+# B = 8192 against 0.58 ms at 128 columns and 8 warps, and inside the whole graphed update 3.40 against 3.63 ms at
+# 8192, 1.27 against 1.30 ms at 1024 (benchmarks/update_vs_compile.py, the full widths, H200, BENCHMARKS.md)
 FORWARD_BLOCK_D, FORWARD_WARPS, FORWARD_STAGES = 64, 4, 2
-BACKWARD_BLOCK_D, BACKWARD_WARPS, BACKWARD_STAGES = 128, 4, 2
-# the backward kernel (module docstring): 'transposed' or 'rows'; 'transposed' at 256 columns (the whole d = 256
-# in one slice), 16 warps, 2 stages: alone 0.37 ms at B = 8192 against 0.58 ms at 128 columns and 8 warps
-# (benchmarks/tune_kernels.py), and inside the whole graphed update 3.40 against 3.63 ms at 8192, 1.27 against
-# 1.30 ms at 1024 (benchmarks/update_vs_compile.py, the full widths, H200, BENCHMARKS.md)
-BACKWARD_KERNEL = "transposed"
 TRANSPOSED_BLOCK_D, TRANSPOSED_WARPS, TRANSPOSED_STAGES = 256, 16, 2
 # a head narrower than that slice keeps the tile it was timed with (the small networks' d = 64: 128 columns,
 # 8 warps), not three quarters of a wide tile masked off
@@ -109,19 +94,14 @@ def fused_quantile_grads(grad_out: torch.Tensor, features: torch.Tensor, taus: t
                  batch, quantiles, embedding, d_model, outputs, geometry.tiles, programs)
     blocks = _blocks(geometry, embedding, outputs, dtype)
     with on_device(features):
-        if BACKWARD_KERNEL == "transposed":
-            block_d, warps = _transposed_tile(d_model)
-            _backward_kernel_t[(programs, triton.cdiv(d_model, block_d))](
-                *arguments, **blocks, BLOCK_D=block_d, num_warps=warps, num_stages=TRANSPOSED_STAGES)
-        else:
-            _backward_kernel[(programs, triton.cdiv(d_model, BACKWARD_BLOCK_D))](
-                *arguments, **blocks, BLOCK_D=BACKWARD_BLOCK_D, num_warps=BACKWARD_WARPS,
-                num_stages=BACKWARD_STAGES)
+        block_d, warps = _transposed_tile(d_model)
+        _backward_kernel_t[(programs, triton.cdiv(d_model, block_d))](
+            *arguments, **blocks, BLOCK_D=block_d, num_warps=warps, num_stages=TRANSPOSED_STAGES)
     return grad_x, w1_parts, w2_parts, b2_parts
 
 
 def _transposed_tile(d_model: int) -> tuple[int, int]:
-    """Columns per slice and warps of the 'transposed' backward for a head of width ``d_model``."""
+    """Columns per slice and warps of the backward for a head of width ``d_model``."""
     if d_model >= TRANSPOSED_BLOCK_D:
         return TRANSPOSED_BLOCK_D, TRANSPOSED_WARPS
     return NARROW_BLOCK_D, NARROW_WARPS
@@ -199,62 +179,6 @@ def _forward_kernel(
     out = out + b2[None, :]
     row = sample * quantiles + quantile
     tl.store(out_ptr + row[:, None] * outputs + o[None, :], out, mask=valid[:, None] & (o[None, :] < outputs))
-
-
-@triton.jit
-def _backward_kernel(
-    grad_ptr, stride_gb, stride_gn, stride_go, features_ptr, stride_fb, stride_fd, taus_ptr, stride_tb, stride_tn,
-    frequencies_ptr, embed_w_ptr, embed_b_ptr, out_w_ptr,
-    grad_features_ptr, w1_parts_ptr, w2_parts_ptr, b2_parts_ptr,
-    batch, quantiles, embedding, d_model, outputs, tiles, programs,
-    SAMPLES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_O: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
-):
-    program = tl.program_id(0)
-    columns = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    column_ok = columns < d_model
-    e = tl.arange(0, BLOCK_E)
-    o = tl.arange(0, BLOCK_O)
-    w1t = tl.load(embed_w_ptr + columns[None, :] * embedding + e[:, None],
-                  mask=column_ok[None, :] & (e[:, None] < embedding), other=0.0).to(COMPUTE)  # [E, D]
-    b1 = tl.load(embed_b_ptr + columns, mask=column_ok, other=0.0).to(COMPUTE).to(tl.float32)  # [D]
-    w2 = tl.load(out_w_ptr + o[:, None] * d_model + columns[None, :],
-                 mask=(o[:, None] < outputs) & column_ok[None, :], other=0.0).to(COMPUTE)  # [O, D]
-    grad_w1 = tl.zeros((BLOCK_D, BLOCK_E), dtype=tl.float32)  # [D, E]
-    grad_w2 = tl.zeros((BLOCK_O, BLOCK_D), dtype=tl.float32)  # [O, D]
-    grad_b2 = tl.zeros((BLOCK_O,), dtype=tl.float32)  # [O]
-    for tile in range(program, tiles, programs):
-        grad_psi = tl.zeros((SAMPLES, BLOCK_D), dtype=tl.float32)  # [S, D]
-        for quantile_block in range(0, tl.cdiv(quantiles, BLOCK_N)):
-            sample, quantile, valid = _rows(tile, quantile_block, batch, quantiles, SAMPLES, BLOCK_N)
-            cos = _cosines(taus_ptr, stride_tb, stride_tn, frequencies_ptr, sample, quantile, valid, embedding,
-                           BLOCK_E, COMPUTE)  # [R, E]
-            phi = tl.maximum(tl.dot(cos, w1t, input_precision=PRECISION) + b1[None, :], 0.0)
-            phi = phi.to(COMPUTE).to(tl.float32)  # [R, D]
-            psi = _features(features_ptr, stride_fb, stride_fd, tile, columns, batch, d_model, SAMPLES, BLOCK_N,
-                            COMPUTE).to(tl.float32)  # [R, D]
-            g = tl.load(grad_ptr + sample[:, None] * stride_gb + quantile[:, None] * stride_gn + o[None, :] * stride_go,
-                        mask=valid[:, None] & (o[None, :] < outputs), other=0.0).to(tl.float32)  # [R, O]
-            grad_b2 += tl.sum(g, axis=0)
-            g = g.to(COMPUTE)
-            d_h = tl.dot(g, w2, input_precision=PRECISION)  # [R, D]: gradient w.r.t. h = phi * psi
-            if SAMPLES == 1:
-                grad_psi += tl.sum(d_h * phi, axis=0)[None, :]
-            else:
-                grad_psi += tl.sum(tl.reshape(d_h * phi, (SAMPLES, BLOCK_N, BLOCK_D)), axis=1)
-            d_pre = tl.where(phi > 0, d_h * psi, 0.0).to(COMPUTE)  # [R, D]: through the product and ReLU
-            grad_w1 = tl.dot(tl.trans(d_pre), cos, grad_w1, input_precision=PRECISION)
-            grad_w2 = tl.dot(tl.trans(g), (phi * psi).to(COMPUTE), grad_w2, input_precision=PRECISION)
-        samples = tile * SAMPLES + tl.arange(0, SAMPLES)
-        tl.store(grad_features_ptr + samples[:, None] * d_model + columns[None, :],
-                 grad_psi.to(grad_features_ptr.dtype.element_ty),
-                 mask=(samples < batch)[:, None] & column_ok[None, :])
-    tl.store(w1_parts_ptr + program * d_model * embedding + columns[:, None] * embedding + e[None, :], grad_w1,
-             mask=column_ok[:, None] & (e[None, :] < embedding))
-    tl.store(w2_parts_ptr + program * outputs * d_model + o[:, None] * d_model + columns[None, :], grad_w2,
-             mask=(o[:, None] < outputs) & column_ok[None, :])
-    if tl.program_id(1) == 0:  # every d slice summed the same g: one stores it
-        tl.store(b2_parts_ptr + program * outputs + o, grad_b2, mask=o < outputs)
 
 
 @triton.jit

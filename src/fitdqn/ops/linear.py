@@ -100,6 +100,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.T
     parameters cast by :func:`fitdqn.ops.casts.cast`)."""
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)):
         dtype = compute_dtype(x)
+        if x.dtype == weight.dtype == bias.dtype == dtype:  # nothing to cast (no autocast: acting on the CPU)
+            return F.linear(x, weight, bias)
         with torch.autocast(x.device.type, enabled=False):  # the casts autocast makes, each parameter's once a step
             return F.linear(x.to(dtype), cast(weight, dtype), cast(bias, dtype))
     if x.dim() == 2:

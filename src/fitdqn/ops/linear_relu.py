@@ -67,5 +67,7 @@ def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad):
         return ReLUOfProduct.apply(ProductBeforeReLU.apply(x, weight, bias))
     dtype = compute_dtype(x)
+    if x.dtype == weight.dtype == bias.dtype == dtype:  # nothing to cast (no autocast: acting on the CPU)
+        return torch._addmm_activation(bias, x, weight.t())
     with torch.autocast(x.device.type, enabled=False):
         return torch._addmm_activation(cast(bias, dtype), x.to(dtype), cast(weight, dtype).t())

@@ -1,7 +1,6 @@
-"""C51's projection: spread the mass of each shifted atom ``r + discount z_j`` onto its two neighbouring atoms. The
-dense PyTorch maths (:func:`atom_positions` and :func:`project_dense`, the reference and the ``net.kernels =
-'torch'`` path) and the whole projection as one PyTorch operator, ``fitdqn::categorical_projection`` (a Triton
-kernel on CUDA: :mod:`fitdqn.ops.projection_triton`).
+"""C51's projection: spread the mass of each shifted atom ``r + discount z_j`` onto its two neighbouring atoms, as
+one PyTorch operator, ``fitdqn::categorical_projection``: on the CPU the dense PyTorch maths (:func:`atom_positions`
+and :func:`project_dense`), on CUDA a Triton kernel (:mod:`fitdqn.ops.projection_triton`).
 
 ``project_returns(probs [R, A], rewards, discounts, support [A]) -> [R, A]`` fp32, with ``rewards`` and
 ``discounts`` each ``[B]`` (one per sample) or ``[B, br]`` (one per distribution), ``R = B * br``, row ``r`` the
@@ -13,7 +12,7 @@ distribution of sample ``r // br`` and branch ``r % br``:
 where ``v_min = support[0]``, ``dz = (support[A - 1] - v_min) / (A - 1)``, all in fp32 (``probs``, rewards,
 discounts and support of any floating dtype are read as fp32). A ``[B, br]`` argument may be any strided view (an
 expanded ``[B, 1]`` has stride 0 along br): nothing is copied. :func:`fitdqn.learn.losses.categorical_projection`
-calls it with ``fused=True``. Kernels: on CUDA the Triton kernel, which reads the support's two ends and each
+calls it. Kernels: on CUDA the Triton kernel, which reads the support's two ends and each
 row's reward and discount itself, forms the positions and the hat in registers and writes only the result, so the
 whole projection is one launch; everywhere else the torch maths (:func:`atom_positions`, :func:`project_dense`).
 
@@ -37,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from fitdqn.ops.kernels import triton_module
+from fitdqn.ops.kernels import triton_available, triton_module
 
 
 def atom_positions(dims: int, rewards: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor
@@ -101,7 +100,13 @@ def branches(probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor
 def project_returns(probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor
                     ) -> torch.Tensor:
     """``[R, A]`` fp32: each row's mass moved to where its atoms land after ``r + discount z``; the default (CPU)
-    kernel is the torch maths, :func:`atom_positions` and the dense hat."""
+    kernel is the torch maths, :func:`projection_maths`."""
+    return projection_maths(probs, rewards, discounts, support)
+
+
+def projection_maths(probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor
+                     ) -> torch.Tensor:
+    """The CPU kernel: :func:`atom_positions` and the dense hat, ``[R, A]`` fp32."""
     width = branches(probs, rewards, discounts, support)
     distributions = probs.reshape(rewards.shape[0], width, probs.shape[1])  # [B, br, A]
     positions = atom_positions(3, rewards, discounts, support)  # [B, br or 1, A]
@@ -110,6 +115,8 @@ def project_returns(probs: torch.Tensor, rewards: torch.Tensor, discounts: torch
 
 @project_returns.register_kernel("cuda")
 def _project_returns_cuda(probs, rewards, discounts, support):
+    if not triton_available():
+        return projection_maths(probs, rewards, discounts, support)
     return triton_module("fitdqn.ops.projection_triton").fused_projection(probs, rewards, discounts, support)
 
 

@@ -1,7 +1,6 @@
-"""IQN's quantile Huber loss: the sorted closed form in PyTorch (:func:`quantile_huber_sorted`, the reference and
-the ``net.kernels = 'torch'`` path) and the pairwise form as one PyTorch operator, ``fitdqn::quantile_huber`` (a
-Triton kernel on CUDA: :mod:`fitdqn.ops.quantile_huber_triton`); :class:`QuantileHuber` is the autograd of
-either, saving only d loss / d pred.
+"""IQN's quantile Huber loss as one PyTorch operator, ``fitdqn::quantile_huber``: on the CPU the sorted closed form
+(:func:`quantile_huber_sorted`), on CUDA the pairwise form in a Triton kernel
+(:mod:`fitdqn.ops.quantile_huber_triton`); :class:`QuantileHuber` is its autograd, saving only d loss / d pred.
 
 ``quantile_huber(pred [B, N, ...], target [B, N', ...], taus [B, N], kappa) -> (loss [B], grad [B, N, ...])``,
 the maths of :func:`fitdqn.learn.losses.quantile_huber_loss`. Kernels: on CUDA the pairwise Triton kernel
@@ -11,26 +10,22 @@ the maths of :func:`fitdqn.learn.losses.quantile_huber_loss`. Kernels: on CUDA t
 Why an operator: the memory planner traces the update on fake tensors, often fake *CPU* tensors standing in for
 CUDA ones. The closed form's float64 temporaries (about 10 of ``[B, C, N]``) would be traced where the GPU
 allocates only the two results; the fake kernel allocates exactly those, so a CUDA target's trace sees the GPU's
-bytes. ``quantile_huber_loss(..., fused=True)`` calls it; the learner asks for it when it trains on CUDA.
+bytes. :func:`fitdqn.learn.losses.quantile_huber_loss` calls it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fitdqn.ops.kernels import FUSED_DTYPES, triton_module
+from fitdqn.ops.kernels import runs_triton, triton_module
 
 
 class QuantileHuber(torch.autograd.Function):
-    """``apply(pred, target, taus, kappa, fused) -> loss [B]``; saves only d loss / d pred ``[B, N, ...]``.
-    ``fused``: the operator (Triton on CUDA), else the closed form."""
+    """``apply(pred, target, taus, kappa) -> loss [B]``: the operator; saves only d loss / d pred ``[B, N, ...]``."""
 
     @staticmethod
-    def forward(ctx, pred, target, taus, kappa: float, fused: bool):
-        if fused:
-            loss, grad = quantile_huber(pred, target, taus, kappa)
-        else:
-            loss, grad = quantile_huber_sorted(pred, target, taus, kappa)
+    def forward(ctx, pred, target, taus, kappa: float):
+        loss, grad = quantile_huber(pred, target, taus, kappa)
         ctx.save_for_backward(grad)  # [B, N, ...]: the only saved tensor
         return loss
 
@@ -38,7 +33,7 @@ class QuantileHuber(torch.autograd.Function):
     def backward(ctx, grad_loss):  # grad_loss [B]
         (grad,) = ctx.saved_tensors
         scale = grad_loss.reshape(grad_loss.shape + (1,) * (grad.dim() - 1)).to(grad.dtype)
-        return grad * scale, None, None, None, None
+        return grad * scale, None, None, None
 
 
 def quantile_huber_sorted(
@@ -106,7 +101,7 @@ def quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor,
 
 @quantile_huber.register_kernel("cuda")
 def _quantile_huber_cuda(pred, target, taus, kappa):
-    if pred.dtype not in FUSED_DTYPES or target.dtype not in FUSED_DTYPES:
+    if not runs_triton(pred, target):
         return quantile_huber_sorted(pred, target, taus, kappa)
     return triton_module("fitdqn.ops.quantile_huber_triton").fused_quantile_huber(pred, target, taus, kappa)
 

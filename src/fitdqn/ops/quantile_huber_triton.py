@@ -9,17 +9,13 @@ write nothing but the results:
     loss_b = mean_c sum_i mean_j rho_ij             (the reduction of ``quantile_huber_loss``)
     d loss_b / d p_i = -mean_j |tau_i - 1{u_ij < 0}| * clamp(u_ij, -kappa, kappa) / (kappa * C)
 
-in fp32 (sums of 64 terms: far inside fp32's precision). ``KERNEL`` picks one:
-
-- ``'rows'`` (``_rows_kernel``, the default): one (sample, quantile i) row a lane, 32 rows a warp, ``ROWS_WARPS``
-  warps a program; for each column the lane walks the N' targets in a loop (unrolled when ``ROWS_UNROLL``), each
-  target loaded once per sample (one address across the sample's lanes), and keeps its two sums in registers: the
-  only reduction across lanes is the per-sample loss at the end. Compiled for sm_90 by Triton 3.6: 32 registers,
-  no stack, so full occupancy (two rows a lane: 255 registers and spills, hence one). Chosen from that, not yet
-  timed against 'pairs' (``benchmarks/tune_kernels.py`` times both).
-- ``'pairs'`` (``_quantile_huber_kernel``): one program a sample, the ``[N, N']`` tile of each column at once,
-  reduced along j across the program's lanes. Grid ``[B]``, ``WARPS`` warps a program (timed on an H200 at
-  B = 8192, N = N' = 64, 3 columns: 1 warp 0.739 ms, 2 warps 0.278, 4 warps 0.323, 8 warps 0.351).
+in fp32 (sums of 64 terms: far inside fp32's precision). ``_rows_kernel``: one (sample, quantile i) row a lane,
+32 rows a warp, ``ROWS_WARPS`` warps a program; for each column the lane walks the N' targets in a loop (unrolled
+when ``ROWS_UNROLL``), each target loaded once per sample (one address across the sample's lanes), and keeps its
+two sums in registers: the only reduction across lanes is the per-sample loss at the end. Compiled for sm_90 by
+Triton 3.6: 32 registers, no stack, so full occupancy (two rows a lane: 255 registers and spills, hence one). A
+program a sample with the ``[N, N']`` tile of each column reduced across its lanes took 0.278 ms at its best
+(2 warps; H200, B = 8192, N = N' = 64, 3 columns).
 """
 
 from __future__ import annotations
@@ -30,9 +26,7 @@ import triton.language as tl
 
 from fitdqn.ops.kernels import on_device
 
-KERNEL = "rows"  # 'rows' or 'pairs' (module docstring)
-WARPS = 2  # the 'pairs' kernel's warps a program
-ROWS_WARPS, ROWS_UNROLL = 8, True  # the 'rows' kernel's warps a program and whether its loop over targets unrolls
+ROWS_WARPS, ROWS_UNROLL = 8, True  # warps a program and whether the loop over targets unrolls
 
 
 def fused_quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float
@@ -50,26 +44,16 @@ def fused_quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.T
     if batch and quantiles and targets and columns:
         scale = 1.0 / (kappa * targets * columns)
         with on_device(pred):
-            if KERNEL == "rows":
-                block_n = triton.next_power_of_2(quantiles)
-                samples = max(1, 32 * ROWS_WARPS // block_n)
-                _rows_kernel[(triton.cdiv(batch, samples),)](
-                    p, t, levels, loss, grad, batch, quantiles, float(kappa), scale, COLUMNS=columns,
-                    TARGETS=targets, SAMPLES=samples, BLOCK_N=block_n, UNROLL=ROWS_UNROLL, num_warps=ROWS_WARPS,
-                )
-            else:
-                _quantile_huber_kernel[(batch,)](
-                    p, t, levels, loss, grad, quantiles, targets, float(kappa), scale,
-                    COLUMNS=columns, BLOCK_N=_block(quantiles), BLOCK_M=_block(targets), num_warps=WARPS,
-                )
+            block_n = triton.next_power_of_2(quantiles)
+            samples = max(1, 32 * ROWS_WARPS // block_n)
+            _rows_kernel[(triton.cdiv(batch, samples),)](
+                p, t, levels, loss, grad, batch, quantiles, float(kappa), scale, COLUMNS=columns,
+                TARGETS=targets, SAMPLES=samples, BLOCK_N=block_n, UNROLL=ROWS_UNROLL, num_warps=ROWS_WARPS,
+            )
     else:
         loss.zero_()
         grad.zero_()
     return loss.to(pred.dtype), grad.view(pred.shape).to(pred.dtype)
-
-
-def _block(size: int) -> int:
-    return max(triton.next_power_of_2(size), 16)
 
 
 @triton.jit
@@ -112,28 +96,3 @@ def _rows_kernel(pred_ptr, target_ptr, taus_ptr, loss_ptr, grad_ptr, batch, N, k
     per_sample = tl.sum(tl.reshape(total, (SAMPLES, BLOCK_N)), axis=1) * scale  # [S]
     samples = tl.program_id(0) * SAMPLES + tl.arange(0, SAMPLES)
     tl.store(loss_ptr + samples, per_sample, mask=samples < batch)
-
-
-@triton.jit
-def _quantile_huber_kernel(pred_ptr, target_ptr, taus_ptr, loss_ptr, grad_ptr, N, M, kappa, scale,
-                           COLUMNS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    sample = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_N)  # predictions
-    j = tl.arange(0, BLOCK_M)  # targets
-    valid_i = i < N
-    valid_j = j < M
-    valid = valid_i[:, None] & valid_j[None, :]  # [BN, BM]
-    tau = tl.load(taus_ptr + sample * N + i, mask=valid_i, other=0.0).to(tl.float32)  # [BN]
-    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for column in tl.static_range(COLUMNS):
-        p = tl.load(pred_ptr + (sample * N + i) * COLUMNS + column, mask=valid_i, other=0.0).to(tl.float32)
-        t = tl.load(target_ptr + (sample * M + j) * COLUMNS + column, mask=valid_j, other=0.0).to(tl.float32)
-        u = t[None, :] - p[:, None]  # [BN, BM]
-        magnitude = tl.abs(u)
-        huber = tl.where(magnitude <= kappa, 0.5 * u * u, kappa * (magnitude - 0.5 * kappa))
-        weight = tl.abs(tau[:, None] - tl.where(u < 0.0, 1.0, 0.0))
-        weight = tl.where(valid, weight, 0.0)
-        total += tl.sum(weight * huber, axis=1)
-        slope = tl.sum(weight * tl.minimum(tl.maximum(u, -kappa), kappa), axis=1)  # [BN]
-        tl.store(grad_ptr + (sample * N + i) * COLUMNS + column, -slope * scale, mask=valid_i)
-    tl.store(loss_ptr + sample, tl.sum(total, axis=0) * scale)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fitdqn.ops.kernels import next_power_of_2, triton_dtypes, triton_module
+from fitdqn.ops.kernels import next_power_of_2, runs_triton, triton_module
 
 TILE_ELEMENTS = 4096  # rows x padded columns of one program's tile: 64 rows at d = 64, 16 at d = 256
 
@@ -86,12 +86,9 @@ def residual_norm_maths(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     acc = accumulate_dtype(x)
     with torch.autocast(x.device.type, enabled=False):
         total = (x.to(acc) + residual.to(acc)).to(x.dtype)  # [B, d]: an add of two bf16 tensors rounds so too
-        values = total.to(acc)  # [B, d]
-        mean = values.mean(-1)  # [B]
-        centred = values - mean.unsqueeze(-1)  # [B, d]
-        rstd = torch.rsqrt(centred.square().mean(-1) + eps)  # [B]
-        out = (centred * rstd.unsqueeze(-1) * weight.to(acc) + bias.to(acc)).to(x.dtype)  # [B, d]
-    return out, total, mean, rstd
+        # ATen's LayerNorm of the sum in acc: its own statistics ([B, 1] each), one kernel (not ten elementwise)
+        out, mean, rstd = torch.native_layer_norm(total.to(acc), total.shape[-1:], weight.to(acc), bias.to(acc), eps)
+    return out.to(x.dtype), total, mean.view(-1), rstd.view(-1)
 
 
 def residual_norm_grads(grad_out: torch.Tensor, total: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
@@ -127,7 +124,7 @@ def residual_layer_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torc
 @residual_layer_norm_op.register_kernel("cuda")
 def _norm_cuda(x, residual, weight, bias, eps):
     check_shapes(x, residual, weight, bias)
-    if not triton_dtypes(x, residual, weight, bias):
+    if not runs_triton(x, residual, weight, bias):
         return residual_norm_maths(x, residual, weight, bias, eps)
     return _triton().fused_residual_norm(x, residual, weight, bias, eps)
 
@@ -152,7 +149,7 @@ def residual_layer_norm_backward(grad_out: torch.Tensor, total: torch.Tensor, me
 
 @residual_layer_norm_backward.register_kernel("cuda")
 def _grads_cuda(grad_out, total, mean, rstd, weight):
-    if not triton_dtypes(grad_out, total, weight):
+    if not runs_triton(grad_out, total, weight):
         return residual_norm_grads(grad_out, total, mean, rstd, weight)
     return _triton().fused_residual_norm_grads(grad_out, total, mean, rstd, weight)
 

@@ -1,6 +1,6 @@
 """The update's weighted loss as two PyTorch operators, ``fitdqn::weighted_losses`` and its backward
 ``fitdqn::weighted_losses_backward``, and :class:`FusedWeightedLosses`, the autograd function over them that
-:func:`fitdqn.learn.losses.weighted_losses` runs with ``fused=True``.
+:func:`fitdqn.learn.losses.weighted_losses` runs.
 
 ``weighted_losses(c51_target [B, br, A], log_probs [B, br, A], iqn [B], v [B], v_target [B], weight [B], expectile)
 -> (priorities [B], partial_sums [B, 3])``, both in ``acc`` (fp32; fp64 for fp64 targets), every input cast to
@@ -31,11 +31,11 @@ a sample, under a thousandth of the update's memory.
 so the update can run in a CUDA graph. All three gradients are always written (the learner wants all three; a
 gradient no input asks for is dropped by the autograd function, not skipped by the kernel).
 
-These are the lines of the torch path, ``fitdqn.learn.losses._WeightedLosses`` (the ``net.kernels = 'torch'`` path
-and the tests' oracle), in the same order of operations, so the elementwise results (the gradients) are the same
-bit for bit and the sums (priorities, means) differ by fp32 summation order only.
+These are the lines of the plain autograd function the tests hold it against (``tests/support/reference``), in the
+same order of operations, so the elementwise results (the gradients) are the same bit for bit and the sums
+(priorities, means) differ by fp32 summation order only.
 
-Why: the torch path is about 12 kernel launches forward and 7 backward, nearly all on ``[B]`` vectors, each a few
+Why: the plain function is about 12 kernel launches forward and 7 backward, nearly all on ``[B]`` vectors, each a few
 microseconds of the launch-bound update's CUDA graph; here the forward is the operator, the sum over P and the dot
 (3), and the backward one kernel. Autograd saves only tensors that exist anyway (the targets, v, v_target, the
 importance weights and the loss weights): the slope is recomputed in the backward kernel rather than written as a
@@ -54,7 +54,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fitdqn.ops.kernels import FUSED_DTYPES, next_power_of_2, triton_dtypes, triton_module
+from fitdqn.ops.kernels import next_power_of_2, runs_triton, triton_module
 
 TILE_ELEMENTS = 4096  # samples x padded branches x padded atoms of one program's tile: 16 samples at br 3, A 51
 PARTS = 3  # the partial sums' columns: C51, IQN, IQL
@@ -143,7 +143,7 @@ def weighted_losses_op(c51_target: torch.Tensor, log_probs: torch.Tensor, iqn: t
 @weighted_losses_op.register_kernel("cuda")
 def _losses_cuda(c51_target, log_probs, iqn, v, v_target, weight, expectile):
     check_shapes(c51_target, log_probs, iqn, v, v_target, weight)
-    if not triton_dtypes(c51_target, log_probs, iqn, v, v_target, weight):
+    if not runs_triton(c51_target, log_probs, iqn, v, v_target, weight):
         return loss_parts(c51_target, log_probs, iqn, v, v_target, weight, expectile)
     return _triton().fused_weighted_losses(c51_target, log_probs, iqn, v, v_target, weight, expectile)
 
@@ -171,7 +171,7 @@ def weighted_losses_backward(grad_loss: torch.Tensor, c51_target: torch.Tensor, 
 
 @weighted_losses_backward.register_kernel("cuda")
 def _grads_cuda(grad_loss, c51_target, v, v_target, weight, loss_weights, expectile, iqn_dtype):
-    if not triton_dtypes(grad_loss, c51_target, v, v_target, weight, loss_weights) or iqn_dtype not in FUSED_DTYPES:
+    if not runs_triton(grad_loss, c51_target, v, v_target, weight, loss_weights, dtypes=(iqn_dtype,)):
         return loss_grads(grad_loss, c51_target, v, v_target, weight, loss_weights, expectile, iqn_dtype)
     return _triton().fused_weighted_losses_grads(grad_loss, c51_target, v, v_target, weight, loss_weights, expectile,
                                                  iqn_dtype)

@@ -12,9 +12,10 @@ branch and atom axes, and the program's three sums over its samples are stored i
 partial sums ``[B, 3]``, zeros into its other samples' rows: no atomics, no second pass. Everything is fp32 in
 registers from the loaded tensors (bf16, fp16 or fp32, any strides), rounded once at each store.
 
-The arithmetic is that of the torch path (``fitdqn.learn.losses._WeightedLosses``) operation for operation, with
-its fp32 scalars (``1 / B``, ``-1 / br``, ``1 - expectile`` and ``expectile``, passed as fp32 arguments), so every
-elementwise result is the torch path's bit for bit; only the sums' order differs.
+The arithmetic is that of the CPU kernel (:func:`fitdqn.ops.weighted_losses.loss_parts` and ``loss_grads``)
+operation for operation, with its fp32 scalars (``1 / B``, ``-1 / br``, ``1 - expectile`` and ``expectile``,
+passed as fp32 arguments), so every elementwise result is the CPU kernel's bit for bit; only the sums' order
+differs.
 
 Forward (``_forward_kernel``): ``priorities = sum c51_target * log_probs * (-1 / br)``; ``diff = v_target - v``,
 ``slope = where(diff < 0, 1 - expectile, expectile) * diff``; ``scaled = weight * (1 / B)`` (0 past B); the

@@ -590,8 +590,22 @@ def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | No
         plan = make_plan(device, profile, budget, components, capacity, sampleable_capacity(config, capacity))
         if plan.batch_source == "auto" and device.free_bytes is not None:
             plan = refine_auto_batch(config, device, inputs, profile, plan, TRACE_BATCHES)
+    if plan.batch_source != "auto" and device.free_bytes is not None and device.kind == "cuda":
+        plan = dataclasses.replace(plan, max_fitting_batch=largest_fitting_batch(config, device, inputs, plan))
     notes = tuple(note for note in (device.described_from, profile_note) if note)
     return dataclasses.replace(plan, notes=(*notes, *plan.notes)) if notes else plan
+
+
+def largest_fitting_batch(config: Config, device: DeviceInfo, inputs: PlanInputs, plan: Plan) -> int | None:
+    """The largest batch that fits, as an auto batch finds it (``refine_auto_batch``), whatever batch ``plan`` was
+    asked for: one answer on a card, where lines anchored at the asked batch extrapolate from there (at a profile
+    batch of a few thousand they gave a third of the batch that fits). Never below the batch ``plan`` checked."""
+    auto = dataclasses.replace(config, budget=dataclasses.replace(config.budget, batch_size=0))
+    try:
+        searched = _plan_for_device(auto, device, inputs).max_fitting_batch
+    except (InfeasiblePlan, ReplayTooSmall):  # the asked batch was checked; the search found none: keep the lines'
+        return plan.max_fitting_batch
+    return max(searched, plan.batch_size) if searched is not None else plan.max_fitting_batch
 
 
 def profile_name_of(device: DeviceInfo, profiles) -> str:

@@ -308,9 +308,10 @@ def first_line(error: BaseException) -> str:
 
 # ---------------------------------------------------------------- the launcher behind `fitdqn train --gpus N`
 def torchrun_command(processes: int, argv: Sequence[str]) -> list[str]:
-    """The command `fitdqn train --gpus N` runs: torchrun (``torch.distributed.run``) on this machine, on a free
+    """The command `fitdqn train --gpus N` runs: torchrun (``torch.distributed.run``, through
+    :mod:`fitdqn.train.launch`: a failed rank is one line, not torchrun's traceback) on this machine, on a free
     port (``--standalone``), N copies of ``python -m fitdqn`` with the same arguments."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+    return [sys.executable, "-m", "fitdqn.train.launch", "--standalone", f"--nproc-per-node={processes}",
             "-m", "fitdqn", *argv]
 
 
@@ -324,6 +325,9 @@ def launch(processes: int, device_spec: str, argv: Sequence[str]) -> int:
                             "runs that many gloo processes on the CPU")
         if processes > count:
             raise UserError(f"--gpus {processes}: this machine has {count} GPU(s); give --gpus {count} or fewer")
+    elif processes > (os.cpu_count() or 1):
+        raise UserError(f"--device cpu --gpus {processes}: that many gloo processes on {os.cpu_count() or 1} CPU "
+                        f"core(s); give --gpus {os.cpu_count() or 1} or fewer")
     process = subprocess.Popen(torchrun_command(processes, argv))
     # Ctrl-C reaches torchrun from the terminal itself; a SIGTERM sent to this process is passed on
     previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),

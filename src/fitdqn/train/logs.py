@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fitdqn.errors import UserError
-from fitdqn.files import atomic_write_text, describe_os_error
+from fitdqn.files import atomic_write_text, describe_os_error, read_run_file
 
 METRICS_NAME = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -106,7 +106,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
-    lines = path.read_text().splitlines(keepends=True)
+    lines = read_run_file(path, str, "delete it, or the lines that are not JSON records").splitlines(keepends=True)
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():

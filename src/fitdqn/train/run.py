@@ -49,12 +49,13 @@ from fitdqn.evaluate.compare import evaluate_split, time_text
 from fitdqn.evaluate.plots import plot_equity, plot_learning_curves
 from fitdqn.evaluate.report import TABLE_WIDTH, metrics_table, policy_label, run_markdown, split_verdict
 from fitdqn.evaluate.walk_forward import fold_market, run_fold
-from fitdqn.files import BEST_NAME, CHECKPOINT_NAME, remove_stale_temp_files
+from fitdqn.files import BEST_NAME, CHECKPOINT_NAME, FileWriteError, remove_stale_temp_files
 from fitdqn.learn.learner import Learner
 from fitdqn.market.env import STATE_DIM
 from fitdqn.market.loader import Market, load_market
 from fitdqn.plan.report import plot_plan, print_plan
 from fitdqn.provenance import code_record
+from fitdqn.run_lock import LOCK_NAME, check_not_in_use, run_lock
 from fitdqn.train import distributed
 from fitdqn.train.checkpoint import (
     BEST_NETWORK,
@@ -64,6 +65,7 @@ from fitdqn.train.checkpoint import (
     load_checkpoint,
     restore_network,
     save_checkpoint,
+    tensor_bytes,
 )
 from fitdqn.train.logs import METRICS_NAME, TENSORBOARD_DIR, RunLogger, read_jsonl
 from fitdqn.train.memory_check import backtest_growth_note, format_rows, peak_memory_row
@@ -76,7 +78,7 @@ RUN_FILES = ("config.toml", "plan.json", METRICS_NAME, TENSORBOARD_DIR, f"{TENSO
 # what `fitdqn tune` puts into a trial's folder before its run starts (fitdqn.tune.worker's SPEC_FILE, LOG_FILE),
 # and an evaluation study into a fold's (fold.json): a new run may start beside them, and keeps them when it
 # ends before its first checkpoint
-SETUP_FILES = ("trial.json", "train.log", "fold.json")
+SETUP_FILES = ("trial.json", "train.log", "fold.json", LOCK_NAME)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -216,8 +218,31 @@ def save(trainer: Trainer, run_dir: Path, logger: RunLogger, replay: bool = True
         state.pop("replay")
     state["logs"] = {"records": logger.records}
     state[distributed.WORLD_SIZE_KEY] = distributed.world_size_of()
-    save_checkpoint(run_dir / CHECKPOINT_NAME, state)
+    save_or_say_what_is_lost(run_dir, CHECKPOINT_NAME, state, f"the checkpoint of epoch {trainer.epoch}",
+                             trainer.epoch)
     return state
+
+
+def save_or_say_what_is_lost(run_dir: Path, name: str, state: dict[str, Any], what: str, epoch: int) -> None:
+    """``save_checkpoint`` into ``run_dir / name``; a write that fails (a full disk) says what is kept or lost."""
+    had_one = (run_dir / CHECKPOINT_NAME).is_file()
+    try:
+        save_checkpoint(run_dir / name, state)
+    except FileWriteError as error:
+        raise FileWriteError(checkpoint_not_saved(error, what, epoch, tensor_bytes(state), run_dir, had_one)) \
+            from None
+
+
+def checkpoint_not_saved(error: FileWriteError, what: str, epoch: int, size: int, run_dir: Path,
+                         had_one: bool) -> str:
+    """What a checkpoint that could not be written costs: nothing but the epochs since the previous one, or (a run
+    with none yet) every epoch trained."""
+    head = f"{what} (about {format_bytes(size)}) could not be saved: {error}"
+    if had_one:
+        return (f"{head}; the previous checkpoint is kept, so only the epochs after it are lost: free space and "
+                f"continue with fitdqn train --resume {run_dir}")
+    return (f"{head}; the run had no checkpoint yet, so its {epoch} epoch(s) of training are lost: free space "
+            "and start it again")
 
 
 def logs_covered(state: dict[str, Any], run_dir: Path) -> int:
@@ -271,9 +296,23 @@ def train(config: Config, run_dir: Path, resume: bool = False, console: Console 
     console = console or Console()
     console.print(f"run directory: {run_dir}", highlight=False, markup=False, soft_wrap=True)
     if not resume:
+        check_not_in_use(run_dir)  # a writer at work: named, not its files
         check_new_run_dir(run_dir)
     created = missing_folders(run_dir)
-    before = set() if created or resume else {p.name for p in run_dir.iterdir()}  # a new run's: SETUP_FILES
+    lock_file_before = (run_dir / LOCK_NAME).exists()  # a new run that leaves nothing takes its lock file too
+    with run_lock(run_dir, notify=lambda note: console.print(note, style="yellow", highlight=False, markup=False,
+                                                             soft_wrap=True)):
+        if not resume:  # again under the lock: another writer may have started between the check and the lock
+            check_new_run_dir(run_dir)
+        before = set() if created or resume else {  # a new run's: SETUP_FILES
+            p.name for p in run_dir.iterdir() if p.name != LOCK_NAME or lock_file_before}
+        return train_locked(config, run_dir, resume, console, trainer_hook, on_epoch, market, job, created, before)
+
+
+def train_locked(config: Config, run_dir: Path, resume: bool, console: Console, trainer_hook, on_epoch,
+                 market: Market | None, job: distributed.Distributed | None, created: list[Path],
+                 before: set[str]) -> dict[str, Any]:
+    """:func:`train` once this process holds the run directory's lock."""
     stop = StopRequests(console)
     try:
         with stop:
@@ -504,8 +543,9 @@ def keep_best(trainer: Trainer, run_dir: Path, record: dict[str, Any]) -> None:
     score = record.get("validation_sharpe")
     earlier = [r.get("validation_sharpe") for r in trainer.history if "validation_sharpe" in r]
     if score is not None and all(e is None or score > e for e in earlier):
-        save_checkpoint(run_dir / BEST_NAME, {"epoch": record["epoch"], "validation_sharpe": score,
-                                              BEST_NETWORK: trainer.learner.evaluated.state_dict()})
+        save_or_say_what_is_lost(run_dir, BEST_NAME, {"epoch": record["epoch"], "validation_sharpe": score,
+                                                      BEST_NETWORK: trainer.learner.evaluated.state_dict()},
+                                 f"{BEST_NAME}, the best network so far (epoch {record['epoch']})", record["epoch"])
 
 
 def select_network(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
@@ -564,9 +604,9 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
                           f"{format_bytes(trainer.plan.device.free_bytes or 0)} free",
         "selection": selection, "code": code_record(),
     }
-    fold = run_dir / "fold.json"  # a walk-forward member (fitdqn.train.study)
-    if fold.is_file():
-        report["fold"] = json.loads(fold.read_text())
+    fold = run_fold(run_dir)  # a walk-forward member (fitdqn.train.study)
+    if fold is not None:
+        report["fold"] = fold.to_json()
     results = {}
     for split in ("validation", "test"):
         results[split] = evaluate_split(trainer.learner, market, config, split, progress=console,
@@ -609,18 +649,19 @@ def evaluate_run(run_dir: Path, split: str, device_spec: str = "auto", console: 
     """Backtest a run's network (``best`` by validation, or ``last``) on ``split`` beside the baselines;
     writes ``evaluate_<split>.json``. A walk-forward fold's run uses its fold's ranges (fold.json). The result is
     printed first, so a failed write loses nothing the user can read."""
-    console = console or Console()
-    device = resolve_device(device_spec)
-    config, learner, market, state = load_network(run_dir, device, network)
-    fold = run_fold(run_dir)
-    if fold is not None:  # a walk-forward member: its own fold's ranges
-        market = fold_market(market, fold, config)
-    result = evaluate_split(learner, market, config, split, progress=console)
-    results = {**result.results, "network": network, "epoch": int(state["epoch"]),
-               "verdict": split_verdict(result.results, config)}
-    text = "\n".join([f"{split} split of {config.market.data}, {results['bars']} bars, {network} network (epoch "
-                      f"{state['epoch']})", "", results["verdict"], "", *metrics_table(result.results, config), ""])
-    print_report(console, text)
-    atomic_write_text(run_dir / f"evaluate_{split}_pnl.csv", result.pnl_frame().to_csv(index=False))
-    atomic_write_text(run_dir / f"evaluate_{split}.json", json.dumps(results, indent=2))
-    return results
+    with run_lock(run_dir, create=False):  # one writer per run (re-entrant: `fitdqn evaluate` holds it already)
+        console = console or Console()
+        device = resolve_device(device_spec)
+        config, learner, market, state = load_network(run_dir, device, network)
+        fold = run_fold(run_dir)
+        if fold is not None:  # a walk-forward member: its own fold's ranges
+            market = fold_market(market, fold, config)
+        result = evaluate_split(learner, market, config, split, progress=console)
+        results = {**result.results, "network": network, "epoch": int(state["epoch"]),
+                   "verdict": split_verdict(result.results, config)}
+        text = "\n".join([f"{split} split of {config.market.data}, {results['bars']} bars, {network} network (epoch "
+                          f"{state['epoch']})", "", results["verdict"], "", *metrics_table(result.results, config), ""])
+        print_report(console, text)
+        atomic_write_text(run_dir / f"evaluate_{split}_pnl.csv", result.pnl_frame().to_csv(index=False))
+        atomic_write_text(run_dir / f"evaluate_{split}.json", json.dumps(results, indent=2))
+        return results

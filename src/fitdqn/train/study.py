@@ -24,7 +24,7 @@ from fitdqn.evaluate.backtest import SplitSizes
 from fitdqn.evaluate.ensemble import EnsemblePolicy, evaluate_ensemble
 from fitdqn.evaluate.report import study_markdown, study_summary, study_verdict
 from fitdqn.evaluate.walk_forward import FOLD_NAME, Fold, fold_market, folds_for, run_fold
-from fitdqn.files import CHECKPOINT_NAME, STUDY_NAME
+from fitdqn.files import CHECKPOINT_NAME, STUDY_NAME, read_run_json
 from fitdqn.learn.learner import Learner
 from fitdqn.market.data import bars_per_year
 from fitdqn.market.env import STATE_DIM, position_levels
@@ -154,13 +154,24 @@ def distinct_code(members: list[dict[str, Any]]) -> list[dict[str, str]]:
     return [json.loads(code) for code in sorted(seen)]
 
 
+def check_study_members(members: Any) -> list[dict[str, Any]]:
+    """study.json: the list of members, each with its folder (KeyError/TypeError when a part is missing)."""
+    if not isinstance(members, list) or not members:
+        raise ValueError("no list of members")
+    if not all(isinstance(member, dict) and isinstance(member.get("dir"), str) for member in members):
+        raise KeyError("dir")
+    return members
+
+
 def evaluate_study(run_dir: Path, split: str, device_spec: str, console: Console | None = None,
                    network: str = "best") -> dict[str, Any]:
     """``fitdqn evaluate`` on a study: every member's network on its own ``split`` (its fold's ranges), then
     the joint report (``evaluate_<split>.json`` and the printed verdict)."""
     console = console or Console()
     config = resume_config(run_dir)
-    listed = json.loads((run_dir / STUDY_NAME).read_text())
+    listed = read_run_json(run_dir / STUDY_NAME, f"run the study's command again (fitdqn train --config "
+                           f"{run_dir / 'config.toml'} --out {run_dir}): its finished members are read back and "
+                           f"{STUDY_NAME} is written anew", check_study_members)
     members = []
     for m in listed:
         sub = run_dir / m["dir"]  # relative to the study directory

@@ -18,6 +18,7 @@ from rich.table import Table
 from fitdqn.config import TuneConfig
 from fitdqn.errors import UserError
 from fitdqn.evaluate.significance import deflated_sharpe
+from fitdqn.files import atomic_savefig
 from fitdqn.tune.study import BEST_FILE, STUDY_FILE, open_storage, requeued_numbers, tried_values
 
 HISTORY_PNG = "history.png"
@@ -165,7 +166,7 @@ def save(axes, path: Path, plt) -> None:
     figure = axes.figure
     figure.set_size_inches(8, 4.5)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    atomic_savefig(figure, path, dpi=110)  # a full disk or a kill keeps the previous plot
     plt.close(figure)
 
 

@@ -69,8 +69,15 @@ def open_storage(url: str, heartbeat_seconds: int = 0) -> RDBStorage:
     except (ImportError, ValueError, optuna.exceptions.StorageInternalError) as error:
         raise UserError(f"cannot open the Optuna storage '{url}': {error}; give an SQLAlchemy URL such as "
                         "sqlite:///tune/study.db or postgresql://user@host/db (--storage URL)") from None
-    except Exception as error:  # sqlalchemy's own errors (bad URL, unreachable server)
-        raise UserError(f"cannot open the Optuna storage '{url}': {type(error).__name__}: {error}") from None
+    except Exception as error:  # sqlalchemy's own errors (bad URL, unreachable server, a damaged file)
+        cause = getattr(error, "orig", None) or error  # the database's own words, without sqlalchemy's SQL and link
+        if url.startswith("sqlite:///") and type(cause).__name__ == "DatabaseError":
+            path = url.removeprefix("sqlite:///")
+            raise UserError(f"the study file '{path}' is damaged ({cause}): restore it from a copy, or start the "
+                            "study anew in a new tune directory (--dir NEW_DIR); the trials' run directories beside "
+                            "it keep their runs") from None
+        raise UserError(f"cannot open the Optuna storage '{url}': {type(cause).__name__}: "
+                        f"{str(cause).splitlines()[0] if str(cause) else ''}") from None
 
 
 def make_sampler(tune: TuneConfig, offset: int) -> BaseSampler:
