@@ -5,10 +5,10 @@ than the process gets: on 2 usable cores a pool of 16 threads spends its time wa
 count is the CPU affinity mask, capped by a cgroup CPU quota (``cpu.max``, cgroup v2; ``cpu.cfs_quota_us``, v1).
 Of those, auto takes the ones the machine's other work leaves idle (its cores less the 1-minute load average,
 at least 1): a thread that waits for a busy core holds up the pool's others at every operation. Measured on a
-2-core CPU shared with other jobs (load 1.4-12), the default synthetic run: 2 epochs of the small nets took 47 s
-with 1 thread against 96 s with 2 (load 1.4-5.5); the first epoch updated at 8.5 against 0.4 updates/s with the
-small nets and 0.3 against 0.2 with the full widths (load 6-12); one epoch at load 10-12 took 236 s (small) and
-378 s (full) with 1 thread, while with 2 neither had ended after 15 min. An idle machine keeps every core.
+2-core CPU shared with other jobs, one epoch of the default synthetic run (200 updates at batch 256), 1 thread
+against 2 at load 3.4-5.6: the small nets 16.9 against 0.7 updates/s (24 s against 339 s for the whole run), the
+full widths 2.4 against 0.4 updates/s (99 s against an evaluation still running at 600 s); the same losses and
+validation Sharpe either way. An idle machine keeps every core.
 ``OMP_NUM_THREADS`` (what PyTorch itself reads) wins over that count, and ``train.threads`` over both; a run
 records the count it used in its config.toml.
 """
