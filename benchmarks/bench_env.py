@@ -34,7 +34,8 @@ from torch import nn
 from fitdqn.config import Config, with_overrides
 from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import resolve_device
-from fitdqn.market.env import STATE_DIM, FuturesEnv
+from fitdqn.market.env import FuturesEnv
+from fitdqn.market.layout import STATE_DIM
 from fitdqn.market.loader import Market, load_market
 
 

@@ -24,7 +24,7 @@ from fitdqn.config import Config, with_overrides
 from fitdqn.evaluate.backtest import evaluate_config
 from fitdqn.evaluate.baselines import greedy_policy
 from fitdqn.learn.learner import Learner
-from fitdqn.market.env import STATE_DIM
+from fitdqn.market.layout import STATE_DIM
 from fitdqn.market.loader import load_market
 
 

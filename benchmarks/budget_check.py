@@ -32,7 +32,7 @@ from _common import peak_bytes, write_json
 
 from fitdqn.config import Config, for_device, with_overrides
 from fitdqn.device import probe
-from fitdqn.market.features import NUM_FEATURES
+from fitdqn.market.layout import NUM_FEATURES
 from fitdqn.memory.component import tensor_bytes
 from fitdqn.memory.trace import measure_step_memory
 from fitdqn.plan.build import (

@@ -197,7 +197,7 @@ def run_card(gib: float, args: argparse.Namespace, row: dict) -> dict:
     for _ in range(args.epochs):
         stats = guard.run_epoch()
         # each epoch ends with the run's validation backtest, as `fitdqn train` does (train.eval_every = 1)
-        guard.run("evaluation", evaluate_split, trainer.learner, trainer.market_on_device, trainer.config,
+        guard.run("evaluation", evaluate_split, trainer.system.learner, trainer.system.market, trainer.config,
                   "validation", baselines=False, graphs=trainer.backtests)
         row.setdefault("epochs", []).append({"updates": stats.updates, "seconds": round(stats.seconds, 3),
                                              "batch": trainer.batch_size})

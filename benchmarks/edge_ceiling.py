@@ -22,8 +22,8 @@ from fitdqn.config import SYNTHETIC_DATA, Config, MarketConfig, knob_choices, wi
 from fitdqn.evaluate.backtest import BarRule, SplitSizes, evaluate_rules
 from fitdqn.evaluate.baselines import account_size
 from fitdqn.evaluate.metrics import trading_metrics
-from fitdqn.market.env import NUM_BRANCHES, resolve_reward
-from fitdqn.market.features import FEATURE_NAMES
+from fitdqn.market.env import resolve_reward
+from fitdqn.market.layout import FEATURE_NAMES, NUM_BRANCHES
 from fitdqn.market.loader import load_market
 from fitdqn.provenance import code_commit
 

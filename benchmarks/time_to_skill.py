@@ -70,7 +70,7 @@ class SkillClock:
         cpu_state = torch.get_rng_state()
         cuda_state = torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None
         try:
-            result = evaluate_split(trainer.learner, trainer.market_on_device, trainer.config, "test",
+            result = evaluate_split(trainer.system.learner, trainer.system.market, trainer.config, "test",
                                     baselines=False, graphs=trainer.backtests)
             return result.results["agent"]["sharpe"]
         finally:

@@ -1,14 +1,14 @@
-"""K trials at once on one GPU, each planned within 1/K of its free memory, against one trial alone.
+"""K trials at once on one GPU, each planned and capped within its own plan's share, against one trial alone.
 
-Runs two studies of the same config (the default networks on the synthetic market, only ``learn.lr`` searched,
-which moves no memory) through ``fitdqn.tune.run_tune``: one trial alone (``--parallel 1``: uncapped), then K
-trials at once (``--parallel K``: each worker capped with ``torch.cuda.set_per_process_memory_fraction`` at
-free / K). Reports per trial: its cap, planned bytes, peak reserved bytes, batch, OOM events and steady
-samples/s (updates x batch / epoch seconds, from the third epoch to the one before the last); the K trials'
-combined samples/s over the wall-clock window in which all of them were in steady epochs (each trial's rate over
-its whole epochs inside that window, summed); the device's peak used memory (``nvidia-smi`` every 0.2 s).
-Checks: every trial complete, zero OOMs, planned <= cap, peak reserved <= cap, cap <= free / K. The machine
-needs fitdqn's dependencies and optuna importable (``pip install -e '.[tune]'``).
+Runs two studies of the same config (the default networks on the synthetic market, only ``learn.lr`` searched, which
+moves no memory) through ``fitdqn.tune.run_tune``: one trial alone (``--parallel 1``: uncapped), then K trials at
+once (``--parallel K``: each worker capped with ``torch.cuda.set_per_process_memory_fraction`` at its share, from
+its plan: ``fitdqn.schedule.shares``). Reports per trial: its cap, planned bytes, peak reserved bytes, batch, OOM
+events and steady samples/s (updates x batch / epoch seconds, from the third epoch to the one before the last); the
+K trials' combined samples/s over the wall-clock window in which all of them were in steady epochs (each trial's
+rate over its whole epochs inside that window, summed); the device's peak used memory (``nvidia-smi`` every 0.2 s).
+Checks: every trial complete, zero OOMs, planned <= cap, peak reserved <= cap, cap <= free / K (K trials at once).
+The machine needs fitdqn's dependencies and optuna importable (``pip install -e '.[tune]'``).
 
     PYTHONPATH=src python benchmarks/tune_parallel.py --parallel 4 --epochs 12 \\
         --out benchmarks/results/h200_tune_parallel.json
@@ -31,7 +31,8 @@ from rich.console import Console
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.provenance import code_commit
-from fitdqn.tune.runner import probe_in_subprocess, run_tune
+from fitdqn.schedule.scheduler import probe_shares
+from fitdqn.tune.runner import run_tune
 from fitdqn.tune.space import parse_search_space
 
 SEARCH = {"learn.lr": {"low": 3e-5, "high": 3e-4, "log": True}}
@@ -122,7 +123,7 @@ def study_rows(study) -> list[dict]:
 def run_phase(config: Config, name: str, parallel: int, tune_dir: Path, gpu_index: int) -> dict:
     config = with_overrides(config, {"tune.dir": str(tune_dir / name), "tune.study": name, "tune.trials": parallel,
                                      "tune.parallel": parallel, "tune.sampler": "random", "tune.pruner": "none"})
-    free_before = probe_in_subprocess(config.train.device)
+    free_before = probe_shares(config.train.device, [])["device"]
     console = Console(file=io.StringIO(), width=160)
     monitor = MemoryMonitor(gpu_index)
     started = time.time()

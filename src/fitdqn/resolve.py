@@ -29,7 +29,7 @@ def resolved_precision(precision: str, device: DeviceInfo) -> str:
     return "bf16" if device.kind == "cuda" and device.bf16 else "fp32"
 
 
-def resolve_device(config: Config, device: DeviceInfo) -> Config:
+def resolve_for_device(config: Config, device: DeviceInfo) -> Config:
     """``config`` with every device-dependent 'auto' settled for ``device``; idempotent."""
     config = for_device(config, device.kind)
     learn = dataclasses.replace(config.learn, precision=resolved_precision(config.learn.precision, device),
@@ -47,6 +47,6 @@ def resolved_lr_base_batch(config: Config, device: DeviceInfo) -> int:
 def resolve_run(config: Config, device: DeviceInfo, market: Market) -> tuple[Config, RewardScale]:
     """The run's config, resolved for ``device`` and ``market`` (the reward scale derived from the training
     split when ``market.reward_scale`` is 0), and what that scale does to the split's returns."""
-    from fitdqn.market.env import resolve_reward  # lazy by design: resolve_device (the plan's) needs no market
+    from fitdqn.market.env import resolve_reward  # lazy by design: resolve_for_device (the plan's) needs no market
 
-    return resolve_reward(resolve_device(config, device), market)
+    return resolve_reward(resolve_for_device(config, device), market)

@@ -27,16 +27,16 @@ from fitdqn.config import Config
 from fitdqn.learn.learner import Learner
 from fitdqn.learn.precision import autocast_dtype
 from fitdqn.market.contract import ContractSpec
-from fitdqn.market.env import GOAL_COLUMN, FuturesEnv, transition_spec
-from fitdqn.market.layout import NUM_FEATURES, WARMUP
-from fitdqn.market.loader import Market, market_tensor_shapes
+from fitdqn.market.env import FuturesEnv
+from fitdqn.market.layout import GOAL_COLUMN, NUM_FEATURES, WARMUP, market_tensor_shapes, transition_spec
+from fitdqn.market.loader import Market
 from fitdqn.market.observation import build_observation
 from fitdqn.market.splits import split_bars
 from fitdqn.memory.component import ComponentName
 from fitdqn.nets.groups import parameter_groups
 from fitdqn.replay.buffer import ReplayBuffer
 
-STAT_KEYS = ("loss", "c51_loss", "iqn_loss", "iql_loss", "q_mean", "grad_norm")  # summed over an epoch's updates
+UPDATE_STAT_KEYS = ("loss", "c51_loss", "iqn_loss", "iql_loss", "q_mean", "grad_norm")  # summed over an epoch's updates
 SAMPLE_SEED_OFFSET = 1  # train.seed + 1: the replay's sampling generator
 ACT_SEED_OFFSET = 2  # train.seed + 2: the collector's exploration generator
 
@@ -62,7 +62,7 @@ class System:
     sample_generator: torch.Generator
     act_generator: torch.Generator
     beta: Tensor  # 0-dim: the importance-weight exponent, set between epochs
-    stat_sums: dict[str, Tensor]  # 0-dim float64 each (STAT_KEYS)
+    stat_sums: dict[str, Tensor]  # 0-dim float64 each (UPDATE_STAT_KEYS)
     batch_size: int
 
     def update_step(self) -> None:
@@ -70,7 +70,7 @@ class System:
         batch = self.replay.sample(self.batch_size, self.beta, self.sample_generator)
         out = self.learner.update(batch)
         self.replay.update_priorities(batch["index"], out["priorities"])
-        for key in STAT_KEYS:
+        for key in UPDATE_STAT_KEYS:
             self.stat_sums[key].add_(out[key].double())
 
     def collect_step(self) -> None:
@@ -136,7 +136,7 @@ def build_system(config: Config, market: Market, device: torch.device, *, capaci
         learner.set_batch_size(batch_size)
     collector = Collector(env, learner, replay, config.learn, epsilon_decay_steps, act_generator)
     beta = torch.full((), config.replay.beta_start, device=device)
-    stat_sums = {key: torch.zeros((), dtype=torch.float64, device=device) for key in STAT_KEYS}
+    stat_sums = {key: torch.zeros((), dtype=torch.float64, device=device) for key in UPDATE_STAT_KEYS}
     return System(config, market, env, replay, learner, collector, sample_generator, act_generator, beta,
                   stat_sums, batch_size)
 

@@ -14,7 +14,8 @@ from fitdqn.evaluate.backtest import SplitSizes, evaluate_policy, evaluate_rules
 from fitdqn.evaluate.backtest_graphs import BacktestGraphs
 from fitdqn.evaluate.baselines import greedy_policy, random_policy, rule_policies
 from fitdqn.learn.learner import Learner
-from fitdqn.market.env import STATE_DIM, resolve_reward
+from fitdqn.market.env import resolve_reward
+from fitdqn.market.layout import STATE_DIM
 from fitdqn.market.loader import load_market
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

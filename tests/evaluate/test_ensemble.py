@@ -13,7 +13,8 @@ from fitdqn.evaluate.backtest import SplitSizes, evaluate_policy
 from fitdqn.evaluate.baselines import greedy_policy
 from fitdqn.evaluate.ensemble import EnsemblePolicy, combine, ensemble_levels, evaluate_ensemble
 from fitdqn.learn.learner import Learner
-from fitdqn.market.env import STATE_DIM, position_levels, position_size, resolve_reward
+from fitdqn.market.env import position_levels, position_size, resolve_reward
+from fitdqn.market.layout import STATE_DIM
 from fitdqn.market.loader import load_market
 
 

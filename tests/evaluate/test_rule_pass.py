@@ -104,13 +104,13 @@ def test_passes_never_step_more_envs_than_segments(monkeypatch, markets, segment
         assert_same(bt, evaluate_policy(rule, market, "test", sizes))
 
 
-def test_evaluate_split_keeps_every_baseline_figure(small_config):
+def test_evaluate_split_keeps_every_baseline_figure(two_epoch_config):
     """The report's rules are their lone passes' numbers and the random baseline is its seeds' own passes."""
     from fitdqn.evaluate.backtest import evaluate_config
     from fitdqn.evaluate.metrics import trading_metrics
     from fitdqn.learn.learner import Learner
 
-    config = small_config(**{"market.synthetic_bars": 3000, "evaluate.bootstrap_samples": 100})
+    config = two_epoch_config(**{"market.synthetic_bars": 3000, "evaluate.bootstrap_samples": 100})
     market = load_market(config.market, window=config.net.window)
     from fitdqn.market.env import resolve_reward
 
@@ -142,7 +142,7 @@ def test_evaluate_split_keeps_every_baseline_figure(small_config):
     assert "sharpe_minus_rules" not in result.results["ma_crossover"]
 
 
-def test_like_for_like_baselines_and_the_rules_that_cannot_run(small_config):
+def test_like_for_like_baselines_and_the_rules_that_cannot_run(two_epoch_config):
     from fitdqn.evaluate.backtest import evaluate_config
     """Volatility sizing: a buy-and-hold through the env at the largest long level, sized as the agent's positions
     are; a rule whose lookback the data cannot give before the split's first decision is n/a, not a flat row."""
@@ -150,7 +150,7 @@ def test_like_for_like_baselines_and_the_rules_that_cannot_run(small_config):
     from fitdqn.learn.learner import Learner
     from fitdqn.market.env import position_size, resolve_reward
 
-    config = small_config(**{"market.synthetic_bars": 3000, "evaluate.bootstrap_samples": 100,
+    config = two_epoch_config(**{"market.synthetic_bars": 3000, "evaluate.bootstrap_samples": 100,
                              "evaluate.momentum_years": 50.0})
     market = load_market(config.market, window=config.net.window)
     config, _ = resolve_reward(config, market)
@@ -175,5 +175,5 @@ def test_like_for_like_baselines_and_the_rules_that_cannot_run(small_config):
     np.testing.assert_allclose(hold.target, config.market.max_contracts * size.double().numpy(), rtol=1e-6)
     assert (size < 1).any() and (hold.target > 0).all()
     np.testing.assert_array_equal(result.pnl[SIZED_HOLD], hold.pnl)
-    contracts = small_config(**{"market.position_sizing": "contracts"})
+    contracts = two_epoch_config(**{"market.position_sizing": "contracts"})
     assert SIZED_HOLD not in rule_policies(market, contracts, per_year)  # whole contracts: the plain one is

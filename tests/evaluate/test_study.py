@@ -24,8 +24,8 @@ def load_script():
     return load_benchmark("real_bars")
 
 
-def test_walk_forward_study_end_to_end(small_config, tmp_path, capsys):
-    config = small_config()
+def test_walk_forward_study_end_to_end(two_epoch_config, tmp_path, capsys):
+    config = two_epoch_config()
     toml = tmp_path / "small.toml"
     toml.write_text(dump_config(config))
     out = tmp_path / "bench"

@@ -217,7 +217,8 @@ def test_for_device_sizes_the_nets_and_is_idempotent():
     assert cuda.collect.num_envs == AUTO_NUM_ENVS["cuda"]
     full = for_device(with_overrides(Config(), {"net.size": "full"}), "cuda")
     assert full.net.trunk_hidden == NetConfig().trunk_hidden
-    assert for_device(with_overrides(Config(), {"net.size": "auto"}), "cuda") == cuda  # older files' 'auto'
+    with pytest.raises(ConfigError, match="net.size must be 'full' or 'small', got 'auto'"):  # older files' 'auto'
+        with_overrides(Config(), {"net.size": "auto"})
     mine = for_device(with_overrides(Config(), {"net.trunk_hidden": 256}), "cpu")
     assert mine.net.trunk_hidden == 256 and mine.net.d_model == SMALL_NET["d_model"]  # a width given is kept
 

@@ -12,22 +12,26 @@ from fitdqn.config import Config, with_overrides
 from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec
 from fitdqn.market.env import (
-    ACHIEVED_COLUMN,
-    AGENT_FIELDS,
     EPISODE_END,
     EXIT_EPISODE_END,
     EXIT_NONE,
     EXIT_STOP,
     EXIT_TAKE_PROFIT,
-    GOAL_COLUMN,
     TERMINAL,
     FuturesEnv,
-    env_state_bytes,
     position_levels,
+)
+from fitdqn.market.layout import (
+    ACHIEVED_COLUMN,
+    AGENT_FIELDS,
+    GOAL_COLUMN,
+    NUM_FEATURES,
+    WARMUP,
+    env_state_bytes,
+    market_bytes,
     transition_spec,
 )
-from fitdqn.market.features import NUM_FEATURES, WARMUP
-from fitdqn.market.loader import load_market, market_bytes
+from fitdqn.market.loader import load_market
 from fitdqn.market.observation import build_observation
 from fitdqn.ops.replay_gather import GoalCrossing
 from fitdqn.transitions import check_rows

@@ -11,7 +11,7 @@ import torch
 
 from fitdqn.market import features as F
 from fitdqn.market.data import builtin_bars
-from fitdqn.market.env import AGENT_FIELDS, STATE_DIM
+from fitdqn.market.layout import AGENT_FIELDS, NUM_FEATURES, STATE_DIM
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def sp500_features(sp500):
 
 
 def test_shape_names_and_range(sp500_features):
-    assert len(F.FEATURE_NAMES) == len(set(F.FEATURE_NAMES)) == F.NUM_FEATURES == 80 - len(AGENT_FIELDS) == 72
+    assert len(F.FEATURE_NAMES) == len(set(F.FEATURE_NAMES)) == NUM_FEATURES == 80 - len(AGENT_FIELDS) == 72
     assert STATE_DIM == 80
     x = sp500_features
     assert x.shape == (5031, 72) and x.dtype == torch.float32

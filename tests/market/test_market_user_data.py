@@ -14,7 +14,8 @@ from fitdqn.config import Config, with_overrides
 from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec, check_contract_fits, derive_contract, parse_contract, price_grid
 from fitdqn.market.data import bars_from_config, bars_per_year, read_bars_file, synthetic_bars
-from fitdqn.market.features import CLIP, FEATURE_NAMES, VOLUME_FEATURES, WARMUP, compute_features
+from fitdqn.market.features import CLIP, compute_features
+from fitdqn.market.layout import FEATURE_NAMES, VOLUME_FEATURES, WARMUP
 from fitdqn.market.loader import load_market, market_contract
 
 

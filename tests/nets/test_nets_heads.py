@@ -12,9 +12,8 @@ from support.reference.nets import fold as plain_fold
 
 from fitdqn.config import NetConfig
 from fitdqn.nets import BranchingDuelingC51, IQNHead, LastTokenAttention, QNetwork, ValueNet
-from fitdqn.nets.iqn import cosine_embedding
 from fitdqn.ops.fold import folded_output
-from fitdqn.ops.iqn import CHUNK, chunked_quantile_grads, chunked_quantiles, iqn_quantile_head
+from fitdqn.ops.iqn import CHUNK, chunked_quantile_grads, chunked_quantiles, cosine_embedding, iqn_quantile_head
 
 SMALL = NetConfig(window=4, trunk_hidden=32, d_model=16, attention_heads=4, stream_hidden=16, num_atoms=11,
                   iqn_embedding=8, iqn_quantiles=8, iqn_act_quantiles=4, iql_hidden=16)

@@ -67,10 +67,10 @@ def torch_maths_batch(buffer, index: torch.Tensor, uniform: torch.Tensor) -> dic
     """The batch :meth:`~fitdqn.replay.ReplayBuffer.gather_with_uniforms` returns, by the operator's torch maths
     (its CPU kernel) called directly, on any device."""
     from fitdqn.ops.replay_gather import gather_maths
-    from fitdqn.replay.buffer import BATCH_KEYS
+    from fitdqn.replay.buffer import REPLAY_BATCH_KEYS
 
     batch = gather_maths(*operator_inputs(buffer, index, uniform))
-    return {**dict(zip(BATCH_KEYS, batch, strict=True)), "index": index}
+    return {**dict(zip(REPLAY_BATCH_KEYS, batch, strict=True)), "index": index}
 
 
 def sampleable(buffer, written: int, repeats: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ batch (batch 256, seeds 20-29: 0.76 to 3.02), so a 20 % band on it would be a co
 the reported network (chosen on validation alone) moves less (2.64 to 4.14). The test figures are
 checked against the baselines at both batches. Why not 16384 here: an update of 16,384 samples through nets that
 learn this edge takes about 2 s on two cores, and the floor's 200 of them would be 7 minutes; the H200 check at
-2048 / 8192 / 16384 with the default nets is in BENCHMARKS.md ("Position sizing", the defaults now).
+2048 / 8192 / 16384 with the default nets is in BENCHMARKS.md ("Batch invariance" under "On a GPU").
 """
 
 import pytest

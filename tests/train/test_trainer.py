@@ -12,7 +12,7 @@ from fitdqn.train.trainer import Trainer
 
 
 def params(trainer: Trainer) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in trainer.learner.params]
+    return [p.detach().clone() for p in trainer.system.learner.params]
 
 
 def test_end_to_end_writes_the_run_directory(small_config, tmp_path):

@@ -19,7 +19,7 @@ from fitdqn.device.threads import cpu_threads  # noqa: E402
 from fitdqn.evaluate.significance import deflated_sharpe  # noqa: E402
 from fitdqn.train.logs import read_jsonl  # noqa: E402
 from fitdqn.tune.report import print_report  # noqa: E402
-from fitdqn.tune.runner import run_tune, threads_per_trial  # noqa: E402
+from fitdqn.tune.runner import run_tune  # noqa: E402
 from fitdqn.tune.space import parse_search_space  # noqa: E402
 from fitdqn.tune.study import BEST_FILE, open_storage, open_study, storage_url  # noqa: E402
 
@@ -53,8 +53,12 @@ def test_a_three_trial_study_completes(tuned):
         plan = json.loads((run_dir / "plan.json").read_text())
         assert plan["batch_size"] == 64 and "allocated" in plan
         assert load_config(run_dir / "config.toml").learn.lr == pytest.approx(trial.params["learn.lr"])
-        assert trial.user_attrs["threads"] == threads_per_trial(cpu_threads(0), 2)
+        assert trial.user_attrs["threads"] == max(cpu_threads(0) // 2, 1)
         assert trial.user_attrs["ooms"] == 0 and trial.user_attrs["samples_per_s"] > 0
+        # a finished trial keeps what evaluate, act and export need, not its replay (tune.keep_replay = false)
+        checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+        assert "replay" not in checkpoint and "learner" in checkpoint
+        assert load_config(run_dir / "config.toml").train.keep_replay is False
 
 
 def test_a_trial_that_raises_is_recorded_as_failed(tuned):

@@ -16,7 +16,7 @@ from fitdqn.errors import UserError
 from fitdqn.files import describe_os_error
 
 # the command modules of fitdqn.cli, in --help's order; imported when their parser is built
-COMMANDS = ("plan", "gpu_profiles", "profile", "train", "evaluate", "bench", "tune", "act", "export")
+COMMANDS = ("plan", "gpu_profiles", "profile", "train", "evaluate", "bench", "tune", "worker", "act", "export")
 # command name (and alias) -> its module
 COMMAND_MODULES = {**{name: name for name in COMMANDS if "_" not in name}, "gpu-profiles": "gpu_profiles",
                    "profiles": "gpu_profiles"}

@@ -28,6 +28,8 @@ ALIASES: dict[str, str] = {
     "train.gpus": "--gpus",
     "evaluate.seeds": "--seeds",
     "evaluate.folds": "--folds",
+    "train.parallel": "--parallel",
+    "train.storage": "--storage",
 }
 FULL_HELP = "_fitdqn_full_help"  # attribute of an action whose help shows only under --help-all
 

@@ -24,13 +24,15 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
     )
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint "
                        "(its config.toml is used; options given here override it)")
-    add_config_arguments(train, COMMON_KNOBS + TRAIN_KNOBS + ("evaluate.seeds", "evaluate.folds"))
+    add_config_arguments(train, COMMON_KNOBS + TRAIN_KNOBS + ("evaluate.seeds", "evaluate.folds",
+                                                                  "train.parallel", "train.storage"))
     train.set_defaults(run=run)
     return train
 
 
 def run(args: argparse.Namespace) -> int:
     # the trainer imports torch: imported when the command runs, so `fitdqn --help` stays fast
+    from fitdqn.schedule.study import run_packed_study
     from fitdqn.train import distributed, study
     from fitdqn.train import run as runs
 
@@ -47,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--seeds/--folds train one run after another: give them without --gpus")
         if not distributed.launched_by_torchrun():
             return distributed.launch(config.train.gpus, config.train.device, args.argv)
-    if study.is_study(config):  # --seeds / --folds: several runs under run_dir, one report (continues where it was)
-        study.run_study(config, run_dir)
+    if study.is_study(config):  # --seeds / --folds: runs under run_dir from a queue, one report (continues)
+        run_packed_study(config, run_dir)
     else:  # a walk-forward member resumes on its own fold's bars
         runs.train(config, run_dir, resume=bool(args.resume), market=study.member_market(config, run_dir))
     return 0

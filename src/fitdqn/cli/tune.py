@@ -23,7 +23,7 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
     """Register `fitdqn tune` on the CLI's subcommands."""
     defaults = Config().tune
     tune = commands.add_parser(
-        "tune", help="hyperparameter trials with Optuna (K at once, each planned within its share of the GPU)",
+        "tune", help="hyperparameter trials with Optuna (packed on the GPU by their own plans)",
         description="Search hyperparameters: each trial is a whole `fitdqn train` run of the base config with "
         "params drawn from the search space (a [search] table: config keys -> {low, high, log, step} or "
         "{choices}), in its own process and run directory (DIR/trials/NNNN with its plan.json). The objective, "
@@ -38,8 +38,9 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
                       "(default: the [search] table of --config)")
     tune.add_argument("--trials", type=int, metavar="N", help="trials of the study in all; a re-run continues "
                       f"until N have finished (default: {defaults.trials})")
-    tune.add_argument("--parallel", type=int, metavar="K", help="trials at once, each its own process: threads "
-                      f"split K ways, on a GPU each within 1/K of the free memory (default: {defaults.parallel})")
+    tune.add_argument("--parallel", type=int, metavar="K", help="trials at once, each its own process: 0 = auto "
+                      "(on a GPU as many as their own plans fit in the free memory, each capped at its share; on a "
+                      f"CPU one at a time); K caps it, threads split K ways (default: {defaults.parallel})")
     tune.add_argument("--out", "--dir", dest="dir", metavar="DIR", help="tune directory, the folder this writes "
                       f"to (default: {defaults.dir}; --dir is its old name)")
     tune.add_argument("--storage", metavar="URL", help="Optuna storage URL of a shared study, e.g. "

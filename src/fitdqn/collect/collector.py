@@ -14,11 +14,12 @@ from torch import Tensor
 from fitdqn.config import LearnConfig
 from fitdqn.device.graphs import capture_graph
 from fitdqn.learn.learner import Learner
-from fitdqn.market.env import FuturesEnv, state_shapes
+from fitdqn.market.env import FuturesEnv
+from fitdqn.market.layout import state_shapes
 from fitdqn.replay.buffer import ReplayBuffer
 from fitdqn.transitions import EPISODE_END
 
-STAT_KEYS = ("reward", "pnl", "cost", "episodes_done")
+COLLECT_STAT_KEYS = ("reward", "pnl", "cost", "episodes_done")
 
 
 def epsilon_at(env_steps: Tensor, learn: LearnConfig, decay_steps: int) -> Tensor:
@@ -39,7 +40,7 @@ class Collector:
         self.generator = generator
         self.fields = tuple(replay.storage.fields)
         self.env_steps = torch.zeros((), dtype=torch.int64, device=self.device)  # over all envs
-        self.stats = {key: torch.zeros((), dtype=torch.float64, device=self.device) for key in STAT_KEYS}
+        self.stats = {key: torch.zeros((), dtype=torch.float64, device=self.device) for key in COLLECT_STAT_KEYS}
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def step(self) -> None:

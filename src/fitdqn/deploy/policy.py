@@ -18,7 +18,8 @@ from fitdqn.evaluate.ensemble import EnsemblePolicy, ensemble_levels
 from fitdqn.files import NETWORKS, STUDY_NAME
 from fitdqn.learn.learner import Learner
 from fitdqn.market.contract import ContractSpec
-from fitdqn.market.env import STATE_DIM, market_goal_unit, position_levels
+from fitdqn.market.env import market_goal_unit, position_levels
+from fitdqn.market.layout import STATE_DIM
 from fitdqn.market.loader import load_market, market_contract
 from fitdqn.train.checkpoint import restore_network
 

@@ -37,7 +37,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import Tensor
 
 from fitdqn.market.contract import ContractSpec
-from fitdqn.market.env import NUM_BRANCHES, FuturesEnv, needs_resolving, resolve_reward, sizing_target
+from fitdqn.market.env import FuturesEnv, needs_resolving, resolve_reward, sizing_target
+from fitdqn.market.layout import NUM_BRANCHES
 from fitdqn.market.loader import Market, load_market
 
 

@@ -31,7 +31,8 @@ from torch import Tensor
 from fitdqn.config import Config
 from fitdqn.evaluate.backtest import BarRule
 from fitdqn.learn.learner import Learner
-from fitdqn.market.env import NUM_BRANCHES, position_levels
+from fitdqn.market.env import position_levels
+from fitdqn.market.layout import NUM_BRANCHES
 from fitdqn.market.loader import Market
 
 RULES = ("ma_crossover", "time_series_momentum", "last_bar_momentum")

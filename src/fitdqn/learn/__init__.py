@@ -9,7 +9,7 @@ a run's budget, then does not pull in the networks.
 from fitdqn.lazy import lazy_names
 
 _HOMES = {
-    "select_actions": "act", "random_batch": "batch", "BATCH_KEYS": "learner", "OUTPUT_KEYS": "learner",
+    "select_actions": "act", "random_batch": "batch", "UPDATE_BATCH_KEYS": "learner", "OUTPUT_KEYS": "learner",
     "Learner": "learner", "categorical_projection": "losses", "expectile_loss": "losses",
     "quantile_huber_loss": "losses", "autocast": "precision", "autocast_dtype": "precision", "Schedule": "schedule",
     "scaled_lr": "schedule", "lr_factor": "schedule", "target_period_at": "schedule", "target_tau_at": "schedule",

@@ -60,7 +60,7 @@ from fitdqn.nets.qnet import QNetwork
 from fitdqn.ops.casts import casts_once
 from fitdqn.ops.gather import gather_in_place_grad
 
-BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
+UPDATE_BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
 OUTPUT_KEYS = ("loss", "c51_loss", "iqn_loss", "iql_loss", "priorities", "q_mean", "v_mean", "grad_norm")
 
 
@@ -86,7 +86,7 @@ class Learner:
         self.cast_up_front = [*self.params, *self.target_params] if self.autocast_dtype is not None else []
         cuda = self.device.type == "cuda"
         # a tensor, so a captured update reads the rate the schedule sets between replays (set_lr_progress);
-        # float64 on the CPU, where the fused Adam then steps bit for bit as with a Python float rate
+        # float64 on the CPU, where the one-kernel Adam then steps bit for bit as with a Python float rate
         lr_dtype = torch.float32 if cuda else torch.float64
         self.lr = torch.tensor(self.learn_config.lr, dtype=lr_dtype, device=self.device)  # []
         # (1, w_iqn, w_iql): the loss's weights as a tensor made once (a captured update copies nothing from the host)
@@ -122,7 +122,7 @@ class Learner:
     # ------------------------------------------------------------------ update
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One gradient step. ``batch`` keys: ``BATCH_KEYS`` (docs/DESIGN.md); returns ``OUTPUT_KEYS``. Each
+        """One gradient step. ``batch`` keys: ``UPDATE_BATCH_KEYS`` (docs/DESIGN.md); returns ``OUTPUT_KEYS``. Each
         parameter is cast to the autocast dtype once (``fitdqn.ops.casts``), though the online net runs twice."""
         with casts_once(self.cast_up_front, self.autocast_dtype):
             return self._update(batch)

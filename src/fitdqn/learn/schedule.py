@@ -52,7 +52,7 @@ LR_DECAYS = knob_choices(LearnConfig, "lr_decay")
 def scaled_lr(learn: LearnConfig, batch_size: int) -> float:
     """``learn.lr`` (given at ``learn.lr_base_batch``) for ``batch_size`` under ``learn.lr_scaling``; the rule
     scales up to ``learn.lr_max`` (a ``learn.lr`` above it is kept as given). An unresolved ``lr_base_batch`` (0:
-    a config that ``fitdqn.resolve.resolve_device`` has not seen) counts from ``learn.base_batch``."""
+    a config that ``fitdqn.resolve.resolve_for_device`` has not seen) counts from ``learn.base_batch``."""
     ratio = batch_size / (learn.lr_base_batch or learn.base_batch)
     cap = max(learn.lr_max, learn.lr)
     if learn.lr_scaling == "sqrt":

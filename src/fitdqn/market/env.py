@@ -66,8 +66,7 @@ from torch import Tensor
 from fitdqn.config import MarketConfig, knob_choices
 from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec
-from fitdqn.market.layout import (  # noqa: F401 - the env's layout, re-exported from its old home
-    ACHIEVED_COLUMN,
+from fitdqn.market.layout import (
     AGENT_FIELDS,
     GOAL_COLUMN,
     NUM_AGENT_FIELDS,

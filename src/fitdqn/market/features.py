@@ -27,13 +27,12 @@ from torch import Tensor
 
 from fitdqn.config import MarketConfig
 from fitdqn.market.data import COLUMNS, normalise_bars, validate_bars
-from fitdqn.market.layout import (  # noqa: F401 - NUM_FEATURES, FEATURE_NAMES and WARMUP re-exported
+from fitdqn.market.layout import (
     CHANNELS,
     EMA_PERIODS,
     FEATURE_NAMES,
     LAGS,
     LONG,
-    NUM_FEATURES,
     RETURN_HORIZONS,
     SMA_PERIODS,
     VOLUME_FEATURES,

@@ -31,8 +31,9 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from fitdqn.config import Config
-from fitdqn.market.env import AGENT_FIELDS, NUM_BRANCHES, FuturesEnv
-from fitdqn.market.features import CLIP, NUM_FEATURES
+from fitdqn.market.env import FuturesEnv
+from fitdqn.market.features import CLIP
+from fitdqn.market.layout import AGENT_FIELDS, NUM_BRANCHES, NUM_FEATURES
 from fitdqn.market.loader import Market, load_market
 from fitdqn.market.observation import build_observation
 from fitdqn.transitions import EPISODE_END, TERMINAL

@@ -120,7 +120,7 @@ def state_shapes(num_envs: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]
 
 def env_state_bytes(num_envs: int) -> int:
     """Device bytes of the persistent env state for ``num_envs`` episodes (market tensors not included:
-    see :func:`fitdqn.market.loader.market_bytes`)."""
+    see :func:`market_bytes`)."""
     return sum(tensor_bytes(shape, dtype) for shape, dtype in state_shapes(num_envs).values())
 
 

@@ -18,10 +18,9 @@ from torch import Tensor
 
 from fitdqn.errors import UserError
 from fitdqn.market.contract import ContractSpec, check_contract_fits, contract_for, shipped_contract_for
-from fitdqn.market.layout import (  # noqa: F401 - re-exported
+from fitdqn.market.layout import (
     PRICE_COLUMNS,
     WARMUP,
-    market_bytes,
     market_tensor_shapes,
 )
 from fitdqn.market.splits import Split, split_bars

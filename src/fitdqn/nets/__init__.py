@@ -10,7 +10,7 @@ _HOMES = {
     "LastTokenAttention": "attention", "BranchingDuelingC51": "c51", "GROUP_ATTR": "groups",
     "MEMORY_GROUPS": "groups", "TARGET_COPIED": "groups", "ParameterGroup": "groups", "group_of": "groups",
     "parameter_groups": "groups", "tag": "groups", "ValueNet": "iql", "IQNHead": "iqn",
-    "cosine_embedding": "iqn", "QNetwork": "qnet", "TokenMLP": "trunk",
+    "QNetwork": "qnet", "TokenMLP": "trunk",
 }
 
 __all__ = sorted(_HOMES)

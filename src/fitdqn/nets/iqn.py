@@ -7,7 +7,7 @@ with psi(s) the trunk features ``[B, d_model]`` and O = one output per sub-actio
 Plain autograd (the test oracle, ``tests/support/reference``) would keep ``[B, N, E]`` cosines, ``[B, N, d]`` ReLU
 outputs and ``[B, N, d]`` products for backward: ``N * (E + 2 d)`` elements per sample (36,864 for N = 64,
 E = 64, d = 256: 72 KB in bf16, the largest activation of the whole update). The head is instead the operator
-``fitdqn::iqn_quantile_head`` (:mod:`fitdqn.ops.iqn`): fused Triton kernels on CUDA
+``fitdqn::iqn_quantile_head`` (:mod:`fitdqn.ops.iqn`): Triton kernels on CUDA
 (:mod:`fitdqn.ops.iqn_triton`) that compute cosines, phi and h in registers, tile by tile, and the chunked maths
 on the CPU. Per sample: saved for backward only the inputs, features ``[d]`` + taus ``[N]`` (512 B + 256 B: the
 attention's features are bf16 under autocast, fp32 without); output ``[N, O]`` fp32 (3.75 KB at N = 64); in
@@ -23,9 +23,7 @@ import torch
 from torch import nn
 
 from fitdqn.nets.groups import tag
-from fitdqn.ops.iqn import compute_dtype, cosine_embedding, iqn_quantile_head
-
-__all__ = ["IQNHead", "compute_dtype", "cosine_embedding"]
+from fitdqn.ops.iqn import compute_dtype, iqn_quantile_head
 
 
 class IQNHead(nn.Module):

@@ -35,11 +35,11 @@ import triton.language as tl
 from fitdqn.ops.iqn import tile_geometry
 from fitdqn.ops.kernels import on_device
 
-# Launch shapes, timed on an H200 (Triton 3.6, bf16, B = 8192, N = 64, d = 256; benchmarks/tune_kernels.py,
-# BENCHMARKS.md): forward 0.165 ms at 64-column slices, 4 warps, 2 stages (3 stages 0.183, 128 columns 0.194,
+# Launch shapes, timed on an H200 (Triton 3.6, bf16, B = 8192, N = 64, d = 256; benchmarks/tune_kernels.py at
+# 7ca0b9d): forward 0.165 ms at 64-column slices, 4 warps, 2 stages (3 stages 0.183, 128 columns 0.194,
 # 8 warps 0.323). Backward at 256 columns (the whole d = 256 in one slice), 16 warps, 2 stages: alone 0.37 ms at
 # B = 8192 against 0.58 ms at 128 columns and 8 warps, and inside the whole graphed update 3.40 against 3.63 ms at
-# 8192, 1.27 against 1.30 ms at 1024 (benchmarks/update_vs_compile.py, the full widths, H200, BENCHMARKS.md)
+# 8192, 1.27 against 1.30 ms at 1024 (benchmarks/update_vs_compile.py, the full widths, H200, at 21737dc)
 FORWARD_BLOCK_D, FORWARD_WARPS, FORWARD_STAGES = 64, 4, 2
 TRANSPOSED_BLOCK_D, TRANSPOSED_WARPS, TRANSPOSED_STAGES = 256, 16, 2
 # a head narrower than that slice keeps the tile it was timed with (the small networks' d = 64: 128 columns,

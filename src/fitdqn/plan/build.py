@@ -78,7 +78,7 @@ from fitdqn.plan.trace_cache import (
     trace_key,
     traced_config_fields,
 )
-from fitdqn.resolve import resolve_device
+from fitdqn.resolve import resolve_for_device
 
 if TYPE_CHECKING:
     from fitdqn.system import System
@@ -131,7 +131,7 @@ class PlanInputs:
 def trace_config(config: Config, device: DeviceInfo) -> tuple[Config, str]:
     """The config the trace runs (``config`` resolved for ``device``) and how it is traced: on a CPU-only PyTorch
     the fake tensors are CPU ones, and a CUDA target's bf16 runs there under CPU autocast, which is said."""
-    config = resolve_device(config, device)
+    config = resolve_for_device(config, device)
     target = torch.device("cuda" if device.kind == "cuda" else "cpu")
     traced, note = fake_device_for(target)
     if device.kind == "cuda" and traced.type == "cpu" and config.learn.precision == "bf16":
@@ -527,7 +527,7 @@ def device_overhead_components(config: Config, device: DeviceInfo) -> list[Compo
 
 
 def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None = None) -> Plan:
-    """The plan: components from the real objects, the batch chosen last (``budget.planner.make_plan``).
+    """The plan: components from the real objects, the batch chosen last (``fitdqn.plan.planner.make_plan``).
 
     The step's lines are fitted at a few hundred to a few thousand samples and are loose elsewhere: the
     step's live peak grows more slowly than its slope far beyond (the staging buffers of reductions over the
@@ -545,7 +545,7 @@ def plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | Non
 
 
 def _plan_for_device(config: Config, device: DeviceInfo, inputs: PlanInputs | None) -> Plan:
-    config = resolve_device(config, device)
+    config = resolve_for_device(config, device)
     profiles = load_profiles(config.budget.profiles_dir or None)
     profile, profile_note = profile_with_note(profile_name_of(device, profiles), profiles) \
         if device.kind == "cuda" else (match_profile(device.name, profiles), "")

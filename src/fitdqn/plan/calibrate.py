@@ -3,7 +3,7 @@
 The plan's per-sample bytes come from tracing the step on fake tensors (``fitdqn.memory.trace``); what a
 trace cannot see (kernel scratch inside an op, allocator rounding of large blocks, a kernel the GPU picks that
 saves more for backward) only a real run shows. Calibration runs the same captured step the trainer runs
-(``budget.build.make_train_step``: sample -> update -> priorities) on the GPU at two small batches:
+(``fitdqn.plan.build.make_train_step``: sample -> update -> priorities) on the GPU at two small batches:
 
 1. **measured**: ``trace.measure_step_memory`` (``torch.cuda.max_memory_allocated`` above what was allocated
    before the step) at both batches -> ``measured_fixed + measured_per_sample x B`` (``trace.fit_line``);

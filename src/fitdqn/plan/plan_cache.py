@@ -96,7 +96,7 @@ def store_plan(config: Config, key: dict[str, Any], plan: Plan) -> None:
 
 
 def plan_for_device(config: Config, device: DeviceInfo, inputs=None) -> Plan:
-    """``budget.build.plan_for_device``, answered from the cache when this exact plan was made before."""
+    """``fitdqn.plan.build.plan_for_device``, answered from the cache when this exact plan was made before."""
     plan, key = cached_plan(config, device, inputs)
     if plan is not None:
         return plan

@@ -1,6 +1,6 @@
 """The planner: free memory in, a batch size out — chosen last, from what the fixed consumers leave.
 
-Order is the allocation order (SPEC "The rules of the budget"): the replay buffer is sized from the
+Consumers are listed in allocation order (``ALLOCATION_ORDER``): the replay buffer is sized from the
 probed free memory first (its component arrives already sized), then the collector, the CUDA overhead,
 every network with its optimizer, the headroom; the batch comes last::
 

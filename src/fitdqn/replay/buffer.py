@@ -24,7 +24,7 @@ from fitdqn.replay.storage import RingStorage
 from fitdqn.transitions import TransitionSpec
 
 REQUIRED_FIELDS = ("bar", "agent", "action", "reward", "achieved", "next_agent", "episode_step", "flags")
-BATCH_KEYS = ("bar", "agent", "action", "reward", "discount", "next_bar", "next_agent")  # the gather's, in order
+REPLAY_BATCH_KEYS = ("bar", "agent", "action", "reward", "discount", "next_bar", "next_agent")  # the gather's, in order
 Observe = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -138,7 +138,7 @@ class ReplayBuffer:
         return batch
 
     def gather_with_uniforms(self, index: torch.Tensor, uniform: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Pure: the batch for slots ``index [B]``; ``uniform [B, 2]`` f64 drives HER. Keys :data:`BATCH_KEYS`
+        """Pure: the batch for slots ``index [B]``; ``uniform [B, 2]`` f64 drives HER. Keys :data:`REPLAY_BATCH_KEYS`
         (bar [B] int64, agent [B, Fa], action [B, 3] int64, reward [B] f32, discount [B] f32, next_bar [B] int64,
         next_agent [B, Fa]) and ``index``."""
         f = self.storage.fields
@@ -147,7 +147,7 @@ class ReplayBuffer:
             f["agent"], f["next_agent"], f["bar"], f["action"], f["reward"], f["achieved"], f["episode_step"],
             f["flags"], index, uniform, self.storage.written, self.gamma_powers, self.n_step, self.num_envs,
             self.episode_length, self.relabel_probability, self.goal_column, bonus)
-        return {**dict(zip(BATCH_KEYS, batch, strict=True)), "index": index}
+        return {**dict(zip(REPLAY_BATCH_KEYS, batch, strict=True)), "index": index}
 
     def observed(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Add ``obs`` / ``next_obs`` [B, W, S] through the ``observe`` callable, if one was given."""

@@ -15,7 +15,7 @@ an average leaf's mass, which would bias small priorities. Float64 makes that er
 Duplicate indices in one update: the largest value wins (``scatter_reduce(amax)``, deterministic),
 documented in :meth:`SumTree.update_max`.
 
-The ancestor rebuild is :func:`fitdqn.ops.sum_tree.propagate`: on CUDA with Triton one fused kernel per level,
+The ancestor rebuild is :func:`fitdqn.ops.sum_tree.propagate`: on CUDA with Triton one kernel per level,
 else the torch reference it is checked against.
 """
 

@@ -64,9 +64,9 @@ def fill_replay(trainer, needed: int, max_rounds: int = 10_000) -> None:
     """Collector steps until ``needed`` transitions can be sampled."""
     chunk = max(trainer.config.learn.n_step + 1, 4)
     for _ in range(max_rounds):
-        if int(trainer.replay.sampleable()) >= needed:  # host sync
+        if int(trainer.system.replay.sampleable()) >= needed:  # host sync
             return
-        trainer.collector.run(chunk)
+        trainer.system.collector.run(chunk)
     raise UserError(f"the replay never held {needed} sampleable transitions: raise collect.num_envs or "
                     "replay.capacity")
 
@@ -104,7 +104,7 @@ def _bench(trainer, iters: int, collect_steps: int, seconds: float) -> dict[str,
 
     # collector: eager steps first (no graph yet), then the trainer's captured step
     warmup = WARMUP if cuda else 1
-    collector = trainer.collector
+    collector = trainer.system.collector
     collector.run(warmup)
     step = lambda: collector.run(1)  # noqa: E731 - eager until captured, then a graph replay
     result["collector"]["eager"] = collector_row(num_envs, *timed(step, device, collect_steps, seconds))
@@ -115,7 +115,7 @@ def _bench(trainer, iters: int, collect_steps: int, seconds: float) -> dict[str,
     fill_replay(trainer, batch)
 
     # replay: sample at the planned batch + new priorities
-    replay, generator, beta = trainer.replay, trainer.sample_generator, trainer.beta
+    replay, generator, beta = trainer.system.replay, trainer.system.sample_generator, trainer.system.beta
     priorities = torch.rand(batch, device=device) + 0.1  # [B]
 
     def replay_step() -> None:

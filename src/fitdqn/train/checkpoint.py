@@ -21,8 +21,8 @@ from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
 from fitdqn.files import BEST_NAME, CHECKPOINT_NAME, atomic_write_bytes, atomic_write_text
 
-__all__ = ["BEST_NETWORK", "CheckpointError", "atomic_write_bytes", "atomic_write_text", "best_network_weights",
-           "checkpoint_summary", "load_checkpoint", "save_checkpoint", "tensor_bytes"]
+__all__ = ["BEST_NETWORK", "CheckpointError", "atomic_write_text", "best_network_weights", "checkpoint_summary",
+           "load_checkpoint", "save_checkpoint", "tensor_bytes"]  # atomic_write_text: for tune/ (home: fitdqn.files)
 
 FORMAT_VERSION = 1
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive

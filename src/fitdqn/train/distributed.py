@@ -152,8 +152,8 @@ class Distributed:
         if self.main:
             return
         base = trainer.config.train.seed + 7919 * (int(trainer.epoch) + 1)
-        for offset, generator in enumerate((trainer.sample_generator, trainer.act_generator,
-                                            getattr(trainer.env, "generator", None))):
+        for offset, generator in enumerate((trainer.system.sample_generator, trainer.system.act_generator,
+                                            getattr(trainer.system.env, "generator", None))):
             if generator is not None:
                 generator.manual_seed((base + offset + 1) % (SEED_MAX + 1))
         torch.manual_seed(base % (SEED_MAX + 1))
@@ -166,13 +166,13 @@ class Distributed:
         if batch != trainer.batch_size:
             trainer.set_batch_size(batch)
         self.learning_batch(trainer)
-        self.broadcast_learner(trainer.learner)
+        self.broadcast_learner(trainer.system.learner)
         if self.world_size > 1:
-            trainer.learner.gradient_sync = self.gradient_sync(trainer.learner.params)
+            trainer.system.learner.gradient_sync = self.gradient_sync(trainer.system.learner.params)
 
     def learning_batch(self, trainer: Any) -> None:
         """One update averages ``world_size x batch`` samples: lr and target rules at that batch."""
-        trainer.learner.set_batch_size(trainer.batch_size * self.world_size)
+        trainer.system.learner.set_batch_size(trainer.batch_size * self.world_size)
 
     def close(self) -> None:
         global _CURRENT

@@ -48,9 +48,9 @@ from fitdqn.device.probe import DeviceInfo
 from fitdqn.device.profiles import Profile, parse_profile
 from fitdqn.device.sizes import format_bytes
 from fitdqn.errors import UserError
+from fitdqn.files import atomic_write_text
 from fitdqn.plan.build import sampleable_capacity
 from fitdqn.plan.calibrate import driver_overhead
-from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.train.trainer import Trainer
 
 TOLERANCE = 0.05  # a batch within 5 % of the best full-epoch samples/s is as good as the best
@@ -202,7 +202,7 @@ def fill_replay(trainer, needed: int, max_epochs: int = 1000) -> None:
     """Collect until ``needed`` transitions can be sampled (and ``replay.min_fill``)."""
     needed = max(needed, trainer.config.replay.min_fill)
     for _ in range(max_epochs):
-        if int(trainer.replay.sampleable()) >= needed:  # host sync
+        if int(trainer.system.replay.sampleable()) >= needed:  # host sync
             return
         trainer.collect()
     raise UserError(f"the replay did not reach {needed} sampleable transitions: raise collect.num_envs or "

@@ -75,10 +75,11 @@ from fitdqn.train.trainer import Trainer, write_run_config
 CONFIG_NAME = "config.toml"
 RUN_FILES = ("config.toml", "plan.json", METRICS_NAME, TENSORBOARD_DIR, f"{TENSORBOARD_DIR}.rebuild", "*.pt",
              "report.json", "report.md", "*.png", "evaluate_*.json", ".*.tmp")  # what fitdqn writes into a run
-# what `fitdqn tune` puts into a trial's folder before its run starts (fitdqn.tune.worker's SPEC_FILE, LOG_FILE),
+# what `fitdqn tune` and the queue of runs put into a run's folder before it starts (fitdqn.tune.worker's and
+# fitdqn.schedule.member's SPEC_FILE, LOG_FILE),
 # and an evaluation study into a fold's (fold.json): a new run may start beside them, and keeps them when it
 # ends before its first checkpoint
-SETUP_FILES = ("trial.json", "train.log", "fold.json", LOCK_NAME)
+SETUP_FILES = ("trial.json", "member.json", "train.log", "fold.json", LOCK_NAME)
 
 
 class Interrupted(KeyboardInterrupt):

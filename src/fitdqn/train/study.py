@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +65,50 @@ def member_market(config: Config, run_dir: Path) -> Market | None:
     return fold_market(load_market(config.market, window=config.net.window, device="cpu"), fold, config)
 
 
+@dataclass(frozen=True)
+class StudyMember:
+    """A member still to train: its name in the study (``seed_S/fold_K``), its run directory (with its fold.json),
+    its own config, and its fold's bars (None for a run that is not a fold, or to be read from fold.json)."""
+
+    key: str
+    run_dir: Path
+    config: Config
+    market: Market | None = None
+
+
+RunMembers = Callable[[list[StudyMember], Console], None]
+
+
+def member_key(seed_index: int, fold: Fold | None) -> str:
+    return f"seed_{seed_index}" if fold is None else f"seed_{seed_index}/fold_{fold.index}"
+
+
+def train_one_after_another(todo: list[StudyMember], console: Console) -> None:
+    """Train the members in this process, one after another (a member with a checkpoint is resumed)."""
+    for member in todo:
+        train(member.config, member.run_dir, resume=(member.run_dir / CHECKPOINT_NAME).is_file(), console=console,
+              market=member.market)
+
+
+def read_member(run_dir: Path, seed_index: int, fold: Fold | None, sub: Path) -> dict[str, Any]:
+    """What the study report takes from a finished member (its report.json and test_pnl.csv)."""
+    report = json.loads((sub / "report.json").read_text())
+    return {"seed": seed_index, "fold": fold.index if fold is not None else 0, "dir": str(sub.relative_to(run_dir)),
+            "capital": report["test"]["capital"], "test": report["test"],
+            "selected_epoch": report["selection"]["epoch"], "code": report.get("code"),
+            "validation_sharpe": report["selection"]["validation_sharpe"],
+            "test_sharpe": report["test"]["agent"]["sharpe"],
+            "pnl": pd.read_csv(sub / "test_pnl.csv")}
+
+
 def run_study(config: Config, run_dir: Path, console: Console | None = None,
-              seed_indices: list[int] | None = None) -> dict[str, Any] | None:
+              seed_indices: list[int] | None = None, run_members: RunMembers | None = None) -> dict[str, Any] | None:
     """Train every member of the study (or read back the finished ones) and write the joint report.
 
     ``seed_indices`` trains only those seeds' members and writes no report (several processes can fill one
-    study side by side; a last call with every seed reads them back and reports)."""
+    study side by side; a last call with every seed reads them back and reports). ``run_members`` trains the
+    members still to train (default: one after another in this process; ``fitdqn.schedule.study``: packed
+    processes from a queue); each must leave its report.json, or raise."""
     console = console or Console()
     e = config.evaluate
     console.print(f"run directory: {run_dir}", highlight=False, markup=False, soft_wrap=True)
@@ -77,29 +117,22 @@ def run_study(config: Config, run_dir: Path, console: Console | None = None,
     views = {f.index: fold_market(market, f, config) for f in folds if f is not None}  # every fold checked first
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_config(run_dir, config)
-    members = []
+    members, todo = [], []
     for s in range(e.seeds) if seed_indices is None else seed_indices:
         seed_config = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=config.train.seed + s))
         for fold in folds:
             sub = member_dir(run_dir, s, fold)
-            report_file = sub / "report.json"
-            if report_file.is_file():
-                report = json.loads(report_file.read_text())
+            members.append((s, fold, sub))
+            if (sub / "report.json").is_file():
                 console.print(f"{sub}: finished, read back", highlight=False, markup=False, soft_wrap=True)
-            else:
-                if fold is not None:
-                    sub.mkdir(parents=True, exist_ok=True)
-                    atomic_write_text(sub / FOLD_NAME, json.dumps(fold.to_json()))
-                member_config = member_of(seed_config, sub)
-                report = train(member_config, sub, resume=(sub / CHECKPOINT_NAME).is_file(), console=console,
-                               market=views[fold.index] if fold is not None else None)
-            members.append({"seed": s, "fold": fold.index if fold is not None else 0,
-                            "dir": str(sub.relative_to(run_dir)),
-                            "capital": report["test"]["capital"], "test": report["test"],
-                            "selected_epoch": report["selection"]["epoch"], "code": report.get("code"),
-                            "validation_sharpe": report["selection"]["validation_sharpe"],
-                            "test_sharpe": report["test"]["agent"]["sharpe"],
-                            "pnl": pd.read_csv(sub / "test_pnl.csv")})
+                continue
+            if fold is not None:
+                sub.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(sub / FOLD_NAME, json.dumps(fold.to_json()))
+            todo.append(StudyMember(member_key(s, fold), sub, member_of(seed_config, sub),
+                                    views[fold.index] if fold is not None else None))
+    (run_members or train_one_after_another)(todo, console)
+    members = [read_member(run_dir, s, fold, sub) for s, fold, sub in members]
     if seed_indices is not None:
         return None
     ensemble = ensemble_pnl(run_dir, members, market, "test")

@@ -25,15 +25,15 @@ from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.errors import UserError
 from fitdqn.evaluate.backtest_graphs import BacktestGraphs
-from fitdqn.files import CHECKPOINT_NAME
+from fitdqn.files import CHECKPOINT_NAME, atomic_write_text
 from fitdqn.learn.schedule import Schedule, updates_owed
-from fitdqn.market.env import env_state_bytes
-from fitdqn.market.loader import Market, load_market, market_bytes
+from fitdqn.market.layout import env_state_bytes, market_bytes
+from fitdqn.market.loader import Market, load_market
 from fitdqn.plan.build import PlanInputs, plan_for_device
 from fitdqn.plan.planner import Plan
 from fitdqn.resolve import resolve_run
 from fitdqn.system import build_system
-from fitdqn.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
+from fitdqn.train.checkpoint import load_checkpoint, save_checkpoint
 from fitdqn.train.distributed import world_size_of
 from fitdqn.train.memory_check import AllocationLedger
 
@@ -102,16 +102,9 @@ class Trainer:
         # the backtests as graph replays, captured into the collector graph's pool (its pages budgeted)
         self.backtests = BacktestGraphs(self.capture_stream, pool=self._collector_pool) if self.graphs_enabled else None
 
-    # the system's parts, by name (run, bench, checkpoints and the distributed job read them)
+    # train/run.py's names for two of the system's parts (everything else reads ``trainer.system``)
     market_on_device = property(lambda self: self.system.market)
-    replay = property(lambda self: self.system.replay)
-    env = property(lambda self: self.system.env)
     learner = property(lambda self: self.system.learner)
-    collector = property(lambda self: self.system.collector)
-    sample_generator = property(lambda self: self.system.sample_generator)
-    act_generator = property(lambda self: self.system.act_generator)
-    beta = property(lambda self: self.system.beta)
-    stat_sums = property(lambda self: self.system.stat_sums)
 
     def persistent_bytes(self) -> dict[str, int]:
         """What the collector phase allocates for good (its component also budgets the collector step's peak)."""
@@ -128,7 +121,8 @@ class Trainer:
             self.updates_done += 1
 
         self.update_graph, _ = capture_graph(counted_update, self.device, self.capture_stream, warmup=2,
-                                             generators=(self.sample_generator,), premap_bytes=self._premap_bytes())
+                                             generators=(self.system.sample_generator,),
+                                             premap_bytes=self._premap_bytes())
         self.updates_done -= 1  # the captured call is recorded, not run
 
     def _premap_bytes(self) -> int:
@@ -140,7 +134,7 @@ class Trainer:
         return self.plan.per_sample_bytes * self.batch_size + self.plan.budgets.graph_pool_fixed_bytes
 
     def _collector_pool(self) -> tuple | None:
-        return self.collector.graph.pool() if self.collector.graph is not None else None
+        return self.system.collector.graph.pool() if self.system.collector.graph is not None else None
 
     @property
     def graphs_enabled(self) -> bool:
@@ -156,16 +150,16 @@ class Trainer:
     # ---------------------------------------------------------------- one epoch
     def collect(self) -> dict[str, float]:
         steps = self.config.collect.steps_per_epoch
-        if self.graphs_enabled and self.collector.graph is None:
-            self.collector.capture(self.capture_stream)
+        if self.graphs_enabled and self.system.collector.graph is None:
+            self.system.collector.capture(self.capture_stream)
             steps = max(steps - 3, 0)  # the capture ran 2 warm-up steps + 1 captured step
-        self.collector.run(steps)
-        return self.collector.take_stats()  # host sync: epoch stats
+        self.system.collector.run(steps)
+        return self.system.collector.take_stats()  # host sync: epoch stats
 
     def can_update(self) -> bool:
         # min_fill alone, not the batch: a batch larger than what is stored draws with replacement (the sampler's
         # way anyway), so a large batch starts learning when a small one does instead of epochs later
-        return int(self.replay.sampleable()) >= max(self.schedule.min_fill, 1)  # host sync
+        return int(self.system.replay.sampleable()) >= max(self.schedule.min_fill, 1)  # host sync
 
     @property
     def env_steps_done(self) -> int:
@@ -196,8 +190,8 @@ class Trainer:
         start = time.perf_counter()
         if self.pending is None:
             progress = self.schedule.progress(self.env_steps_done)
-            self.beta.fill_(beta_at(self.config, progress))
-            self.learner.set_lr_progress(progress)
+            self.system.beta.fill_(beta_at(self.config, progress))
+            self.system.learner.set_lr_progress(progress)
             self.pending = {"collected": self.collect(), "updates": 0}  # host sync: the collector's stats
             self.pending["collect_seconds"] = time.perf_counter() - start
         collected = self.pending["collected"]
@@ -212,9 +206,9 @@ class Trainer:
                     self.on_update()
         updates = self.pending["updates"]
         self.pending = None
-        values = ({key: float(v) / updates for key, v in self.stat_sums.items()}  # host sync
+        values = ({key: float(v) / updates for key, v in self.system.stat_sums.items()}  # host sync
                   if updates else {})  # no update yet (replay below min_fill): no losses to report
-        for v in self.stat_sums.values():
+        for v in self.system.stat_sums.values():
             v.zero_()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -234,6 +228,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
+        system = self.system
         return {
             "config": config_to_dict(self.config),
             "epoch": self.epoch,
@@ -241,10 +236,10 @@ class Trainer:
             "samples_done": self.samples_done,
             "batch_size": self.batch_size,
             "oom_batch_size": self.oom_batch_size,
-            "learner": self.learner.state_dict(),
-            "replay": self.replay.state_dict(),
-            "collector": self.collector.state_dict(),
-            "generators": {"sample": self.sample_generator.get_state(), "act": self.act_generator.get_state(),
+            "learner": system.learner.state_dict(),
+            "replay": system.replay.state_dict(),
+            "collector": system.collector.state_dict(),
+            "generators": {"sample": system.sample_generator.get_state(), "act": system.act_generator.get_state(),
                            "torch_cpu": torch.get_rng_state(),
                            "torch_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda"
                            else torch.empty(0, dtype=torch.uint8)},
@@ -260,14 +255,14 @@ class Trainer:
                 f"checkpoint networks differ from this config in net.{', net.'.join(changed)}: resume with the "
                 "run's own config.toml, or start a new run"
             )
-        self.learner.load_state_dict(state["learner"])
+        self.system.learner.load_state_dict(state["learner"])
         if "replay" in state:  # a finished run's checkpoint may leave it out (train.keep_replay)
-            self.replay.load_state_dict(state["replay"])
-        self.collector.load_state_dict(state["collector"])
+            self.system.replay.load_state_dict(state["replay"])
+        self.system.collector.load_state_dict(state["collector"])
         # generator states are CPU byte tensors, whatever device the checkpoint was mapped to (a CUDA run's is)
         generators = {name: value.cpu() for name, value in state["generators"].items()}
-        self.sample_generator.set_state(generators["sample"])
-        self.act_generator.set_state(generators["act"])
+        self.system.sample_generator.set_state(generators["sample"])
+        self.system.act_generator.set_state(generators["act"])
         torch.set_rng_state(generators["torch_cpu"])
         if self.device.type == "cuda" and generators["torch_cuda"].numel():
             torch.cuda.set_rng_state(generators["torch_cuda"], self.device)

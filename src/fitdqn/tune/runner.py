@@ -30,41 +30,53 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 from rich.console import Console
 
-import fitdqn
 from fitdqn.config import Config, config_to_dict
 from fitdqn.device.sizes import format_bytes
 from fitdqn.device.threads import cpu_threads
 from fitdqn.errors import UserError
 from fitdqn.market.loader import load_market
+from fitdqn.schedule.packing import Packing, packing
+from fitdqn.schedule.scheduler import config_key, gpu_possible, interrupt_with_parent, probe_shares, worker_env
 from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.tune.space import SearchSpace
 from fitdqn.tune.study import (
+    FINISHED,
     TRIALS_DIR,
     check_tune_config,
     count_trials,
     open_storage,
     open_study,
+    record_outcome,
     recover_cut_off,
     requeue,
     storage_url,
     trial_config,
+    trial_outcome,
     write_best_config,
 )
 from fitdqn.tune.worker import LOG_FILE, RESULT_FILE, SPEC_FILE
 
 POLL_SECONDS = 0.5  # how often running workers are checked
 STOP_SECONDS = 60.0  # how long an interrupted worker may take to save its checkpoint
-MEASURED = ("epochs", "batch_size", "threads", "samples_per_s", "planned_bytes", "allocator_limit_bytes",
-            "peak_reserved_bytes", "ooms", "seconds", "timeline")
 
 
 @dataclass(frozen=True)
 class Resources:
-    """What each trial process gets."""
+    """What the trial processes get: the packing (trials at once, threads of each), the GPU probed once before the
+    first trial (None on a CPU) and the shares planned so far, by config (``schedule.scheduler.config_key``)."""
 
-    threads: int
-    memory_fraction: float | None  # of the GPU's total memory; None: uncapped (one trial at a time, or a CPU)
+    packing: Packing
+    device: dict[str, Any] | None
+    shares: dict[str, int]
     description: str
+
+    @property
+    def free_bytes(self) -> int | None:
+        return None if self.device is None else int(self.device["free_bytes"])
+
+    def fraction(self, share: int | None) -> float | None:
+        """A trial's allocator cap as a fraction of the total; None (uncapped) on a CPU."""
+        return None if share is None else share / int(self.device["total_bytes"])
 
 
 @dataclass
@@ -74,66 +86,41 @@ class Worker:
     process: subprocess.Popen
     log: IO[str]
     params: dict[str, Any] = field(default_factory=dict)
+    share: int | None = None
 
 
-def threads_per_trial(budget: int, parallel: int) -> int:
-    return max(1, budget // parallel)
+@dataclass
+class Pending:
+    """A trial asked of the study and planned, waiting for its share of the GPU to be free."""
 
-
-def memory_fraction(free_bytes: int, total_bytes: int, parallel: int) -> float | None:
-    """Each of ``parallel`` trials' share of the free memory, as a fraction of the total; None for one trial."""
-    if parallel <= 1:
-        return None
-    return free_bytes / parallel / total_bytes
-
-
-def probe_in_subprocess(device_spec: str) -> dict[str, Any]:
-    """The device as a fresh process sees it (no CUDA context stays in this one)."""
-    done = subprocess.run([sys.executable, "-m", "fitdqn.tune.worker", "--probe", device_spec], env=worker_env(1),
-                          capture_output=True, text=True)
-    try:
-        info = json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        raise UserError(f"probing device '{device_spec}' in a new process failed: {done.stderr.strip()[-2000:]}"
-                        ) from None
-    if "error" in info:
-        raise UserError(info["error"])
-    return info
+    trial: optuna.trial.Trial
+    run_dir: Path
+    config: Config
+    params: dict[str, Any]
+    share: int | None
 
 
 def plan_resources(config: Config) -> Resources:
-    parallel = config.tune.parallel
+    """The packing of the trials (``fitdqn.schedule.packing``): on a GPU, the base config's plan gives the share a
+    trial is expected to need, and as many at once as those fit in the free memory, a core each (each trial's own
+    share is planned when it is sampled); on a CPU, ``tune.parallel`` at once (auto: one), the threads split."""
     budget = cpu_threads(config.train.threads)  # all trials together: train.threads, OMP_NUM_THREADS or the cores
-    threads = threads_per_trial(budget, parallel)
-    text = f"{parallel} trial(s) at once, {threads} thread(s) each (of {budget})"
-    if parallel == 1 or config.train.device == "cpu":
-        return Resources(threads, None, text)
-    device = probe_in_subprocess(config.train.device)
-    if device["kind"] != "cuda":
-        return Resources(threads, None, text)
-    fraction = memory_fraction(device["free_bytes"], device["total_bytes"], parallel)
-    share = int(fraction * device["total_bytes"])
-    text += (f"; {device['name']}: each planned within {format_bytes(share)} of {format_bytes(device['free_bytes'])}"
-             f" free (memory fraction {fraction:.4f})")
-    return Resources(threads, fraction, text)
-
-
-def worker_env(threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    source = str(Path(fitdqn.__file__).resolve().parents[1])  # the same fitdqn as this process
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def interrupt_with_parent() -> None:
-    """In the worker, before it runs: on Linux, a SIGINT when this tune process dies (even by SIGKILL), so no
-    orphaned trial keeps its share of the GPU while a re-run starts new ones (it saves its checkpoint and stops)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+    cap, trials = config.tune.parallel, config.tune.trials
+    if not gpu_possible(config.train.device):
+        pack = packing(None, None, budget, cap)
+        return Resources(pack, None, {}, f"{pack.at_once} trial(s) at once, {pack.threads} thread(s) each "
+                         f"(of {budget})")
+    info = probe_shares(config.train.device, [config])
+    if info["device"]["kind"] != "cuda":
+        pack = packing(None, None, budget, cap)
+        return Resources(pack, None, {}, f"{pack.at_once} trial(s) at once, {pack.threads} thread(s) each "
+                         f"(of {budget})")
+    device, share = info["device"], info["shares"][0]
+    pack = packing([share] * trials, device["free_bytes"], budget, cap)
+    return Resources(pack, device, {config_key(config): share},
+                     f"{device['name']}: {format_bytes(device['free_bytes'])} free; the base config plans within "
+                     f"{format_bytes(share)}: up to {pack.at_once} trial(s) at once, each planned and capped within "
+                     f"its own share, {pack.threads} thread(s) each (of {budget})")
 
 
 def check_trials_dir(study: optuna.Study, tune_dir: Path) -> None:
@@ -161,12 +148,16 @@ class TuneRun:
         self.study = open_study(base, space, self.storage)
         check_trials_dir(self.study, self.tune_dir)
         self.workers: dict[int, Worker] = {}
+        self.pending: Pending | None = None  # a trial waiting for its share of the GPU
         self.resources: Resources | None = None  # decided when the run starts
         self.last_heartbeat = time.monotonic()
 
     def run(self) -> optuna.Study:
-        for number in recover_cut_off(self.study, self.storage):
-            self.console.print(f"trial {number} was cut off by an ended tune process: failed, and queued again")
+        for number, done in recover_cut_off(self.study, self.storage, self.tune.objective, STOP_SECONDS):
+            if done == "queued again":
+                self.console.print(f"trial {number} was cut off by an ended tune process: failed, and queued again")
+            else:
+                self.console.print(f"trial {number} had ended ({done}) before its tune process did: recorded")
         finished, _ = count_trials(self.study)
         self.console.print(f"study '{self.study.study_name}' in {self.url}: {finished} of {self.tune.trials} trials "
                            f"finished; maximising {self.tune.objective}")
@@ -178,10 +169,15 @@ class TuneRun:
         try:
             while True:
                 finished, running = count_trials(self.study)
-                if len(self.workers) < self.tune.parallel and finished + running < self.tune.trials:
-                    self.launch()
+                if self.pending is None and len(self.workers) < self.resources.packing.at_once \
+                        and finished + running < self.tune.trials:
+                    self.pending = self.ask()
                     continue
-                if not self.workers:
+                if self.pending is not None and self.fits(self.pending):
+                    self.launch(self.pending)
+                    self.pending = None
+                    continue
+                if not self.workers and self.pending is None:
                     break
                 self.wait()
         except KeyboardInterrupt:
@@ -195,35 +191,63 @@ class TuneRun:
         load_market(self.base.market, window=self.base.net.window, device="cpu")
 
     # ------------------------------------------------------------------ trials
-    def launch(self) -> None:
+    def ask(self) -> Pending | None:
+        """The next trial, sampled, with its config and its share of the GPU (None: its params were refused)."""
         if self.storage.get_heartbeat_interval() is not None:
             optuna.storages.fail_stale_trials(self.study)
         trial = self.study.ask(fixed_distributions=self.space.distributions)
         run_dir = self.tune_dir / TRIALS_DIR / f"{trial.number:04d}"
         for key, value in (("run_dir", str(run_dir)), ("host", socket.gethostname()), ("tune_pid", os.getpid())):
             trial.set_user_attr(key, value)
+        if self.storage.get_heartbeat_interval() is not None:  # from now on a silent tune process makes it stale
+            self.storage.record_heartbeat(trial._trial_id)
         params = dict(trial.params)
         try:
             config = trial_config(self.base, params, run_dir)
+            share = self.share_of(config)
         except UserError as error:
             self.fail(trial, str(error), params)
-            return
+            return None
+        return Pending(trial, run_dir, config, params, share)
+
+    def share_of(self, config: Config) -> int | None:
+        """The trial's share of the GPU, from its own plan (planned once per distinct config; None on a CPU)."""
+        if self.resources.device is None:
+            return None
+        key = config_key(config)
+        if key not in self.resources.shares:
+            info = probe_shares(config.train.device, [config], described=self.resources.device)
+            self.resources.shares[key] = info["shares"][0]
+        return self.resources.shares[key]
+
+    def fits(self, pending: Pending) -> bool:
+        """Whether the trial's share fits in the free memory less the running trials' shares (a trial alone always
+        starts: within the whole free memory)."""
+        if pending.share is None or not self.workers:
+            return True
+        used = sum(w.share or 0 for w in self.workers.values())
+        return pending.share <= self.resources.free_bytes - used
+
+    def launch(self, pending: Pending) -> None:
+        trial, run_dir, params = pending.trial, pending.run_dir, pending.params
+        share = None if pending.share is None else min(pending.share, self.resources.free_bytes)
+        threads = self.resources.packing.threads
         run_dir.mkdir(parents=True, exist_ok=True)
         spec = {"storage": self.url, "study": self.study.study_name, "trial_id": trial._trial_id,
-                "number": trial.number, "config": config_to_dict(config), "threads": self.resources.threads,
-                "memory_fraction": self.resources.memory_fraction}
+                "number": trial.number, "config": config_to_dict(pending.config), "threads": threads,
+                "memory_fraction": self.resources.fraction(share) if self.resources.packing.at_once > 1 else None}
         spec_path = run_dir / SPEC_FILE
         atomic_write_text(spec_path, json.dumps(spec, indent=2))
         (run_dir / RESULT_FILE).unlink(missing_ok=True)
         log = open(run_dir / LOG_FILE, "w")  # noqa: SIM115 - closed when the worker is collected
         process = subprocess.Popen([sys.executable, "-m", "fitdqn.tune.worker", str(spec_path)], stdout=log,
-                                   stderr=subprocess.STDOUT, env=worker_env(self.resources.threads),
+                                   stderr=subprocess.STDOUT, env=worker_env(threads),
                                    preexec_fn=interrupt_with_parent)
         trial.set_user_attr("worker_pid", process.pid)
-        if self.storage.get_heartbeat_interval() is not None:  # from now on a silent tune process makes it stale
-            self.storage.record_heartbeat(trial._trial_id)
-        self.workers[trial.number] = Worker(trial, run_dir, process, log, params)
-        self.console.print(f"trial {trial.number} started: {format_params(params)}  ({run_dir})", highlight=False)
+        self.workers[trial.number] = Worker(trial, run_dir, process, log, params, share)
+        within = f", within {format_bytes(share)}" if share is not None and spec["memory_fraction"] else ""
+        self.console.print(f"trial {trial.number} started: {format_params(params)}  ({run_dir}{within})",
+                           highlight=False)
 
     def wait(self) -> None:
         time.sleep(POLL_SECONDS)
@@ -235,33 +259,35 @@ class TuneRun:
         if interval is not None and time.monotonic() - self.last_heartbeat >= interval:
             for worker in self.workers.values():
                 self.storage.record_heartbeat(worker.trial._trial_id)
+            if self.pending is not None:
+                self.storage.record_heartbeat(self.pending.trial._trial_id)
             self.last_heartbeat = time.monotonic()
 
     def collect(self, worker: Worker) -> None:
         """Record how a worker's trial ended (its result.json, or its exit status and log if it wrote none)."""
         worker.log.close()
         trial, number = worker.trial, worker.trial.number
-        result = read_result(worker.run_dir)
-        for key in MEASURED:
-            if result.get(key) is not None:
-                trial.set_user_attr(key, result[key])
+        result = trial_outcome(worker.run_dir, self.tune.objective)
         state = result.get("state")
-        if state == "complete":
-            self.study.tell(trial, result["value"])
-            line = f"trial {number} complete: {self.tune.objective} {result['value']:.4f}"
-        elif state == "pruned":
-            self.study.tell(trial, state=TrialState.PRUNED)
-            line = f"trial {number} pruned at epoch {result.get('epochs')}: {self.tune.objective} {result['value']:.4f}"
-        elif state == "interrupted":
+        if state == "interrupted":
             requeue(self.study, self.storage, self.storage.get_trial(trial._trial_id),
                     "interrupted before it finished; queued again")
             self.console.print(f"trial {number} interrupted: queued again", highlight=False)
             return
-        else:
-            error = result.get("error") or (f"the trial process exited with status {worker.process.returncode} "
-                                            f"without a result; last lines of its log:\n{log_tail(worker.run_dir)}")
-            self.fail(trial, error, worker.params)
+        if state not in FINISHED:
+            result = {**result, "state": "fail", "error": result.get("error") or (
+                f"the trial process exited with status {worker.process.returncode} without a result; last lines "
+                f"of its log:\n{log_tail(worker.run_dir)}")}
+        record_outcome(self.study, self.storage, self.storage.get_trial(trial._trial_id), result)
+        if result["state"] == "fail":
+            first = result["error"].strip().splitlines()[0] if result["error"].strip() else "(no message)"
+            self.console.print(f"trial {number} failed: {first}  ({format_params(worker.params)}); the study goes "
+                               "on", highlight=False, markup=False)
             return
+        if result["state"] == "complete":
+            line = f"trial {number} complete: {self.tune.objective} {result['value']:.4f}"
+        else:
+            line = f"trial {number} pruned at epoch {result.get('epochs')}: {self.tune.objective} {result['value']:.4f}"
         seconds = result.get("seconds", 0.0)
         self.console.print(f"{line}  ({format_params(worker.params)}; {result.get('epochs')} epochs, {seconds:.0f} s)",
                            highlight=False)
@@ -276,6 +302,10 @@ class TuneRun:
 
     def stop_all(self) -> None:
         """Ctrl-C: each worker saves its checkpoint and stops; its trial is queued again for the next run."""
+        if self.pending is not None:  # sampled, never started
+            requeue(self.study, self.storage, self.storage.get_trial(self.pending.trial._trial_id),
+                    "interrupted before it started; queued again")
+            self.pending = None
         grace = time.monotonic() + 2.0  # Ctrl-C in a terminal reaches the workers too: give them a moment first
         while time.monotonic() < grace and any(w.process.poll() is None for w in self.workers.values()):
             time.sleep(0.1)
@@ -291,21 +321,13 @@ class TuneRun:
                 worker.process.wait()
         for worker in list(self.workers.values()):
             del self.workers[worker.trial.number]
-            if read_result(worker.run_dir).get("state") in ("complete", "pruned", "fail"):
+            if trial_outcome(worker.run_dir, self.tune.objective).get("state") in FINISHED:
                 self.collect(worker)
             else:
                 worker.log.close()
                 requeue(self.study, self.storage, self.storage.get_trial(worker.trial._trial_id),
                         "interrupted before it finished; queued again")
         self.console.print("interrupted: finished trials are saved in the study; run the same command to continue")
-
-
-def read_result(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / RESULT_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
 
 
 def log_tail(run_dir: Path, lines: int = 20) -> str:

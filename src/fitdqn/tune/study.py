@@ -9,8 +9,10 @@ ended) and queued again with the same params.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +25,16 @@ from optuna.trial import FrozenTrial, TrialState
 
 from fitdqn.config import Config, ConfigError, TuneConfig, config_to_dict, dump_config, with_overrides
 from fitdqn.errors import UserError
+from fitdqn.files import STUDY_NAME
 from fitdqn.train.checkpoint import atomic_write_text
+from fitdqn.train.logs import METRICS_NAME, read_jsonl
 from fitdqn.tune.space import SearchSpace, space_json
 
 STUDY_FILE = "study.db"
 BEST_FILE = "best.toml"
 TRIALS_DIR = "trials"
+RESULT_FILE = "result.json"  # what a trial's worker writes when it ends (fitdqn.tune.worker)
+REPORT_FILE = "report.json"  # what a run writes last (fitdqn.train.run): its run has finished
 REQUEUED_FROM = "requeued_from"  # user attribute of a trial queued again in place of a cut-off one
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("median", "none")
@@ -37,7 +43,7 @@ PRUNERS = ("median", "none")
 def check_tune_config(tune: TuneConfig) -> None:
     checks = [
         (tune.trials >= 1, "tune.trials must be at least 1 (--trials N)"),
-        (tune.parallel >= 1, "tune.parallel must be at least 1 (--parallel K)"),
+        (tune.parallel >= 0, "tune.parallel must be 0 (auto) or more (--parallel K)"),
         (tune.sampler in SAMPLERS, f"tune.sampler must be one of {', '.join(SAMPLERS)}"),
         (tune.pruner in PRUNERS, f"tune.pruner must be one of {', '.join(PRUNERS)}"),
         (tune.startup_trials >= 0 and tune.warmup_epochs >= 0,
@@ -85,7 +91,7 @@ def make_sampler(tune: TuneConfig, offset: int) -> BaseSampler:
     seed = tune.seed + offset
     if tune.sampler == "random":
         return RandomSampler(seed=seed)
-    return TPESampler(seed=seed, constant_liar=tune.parallel > 1)  # running trials count as pending results
+    return TPESampler(seed=seed, constant_liar=tune.parallel != 1)  # running trials count as pending results
 
 
 def make_pruner(tune: TuneConfig) -> BasePruner:
@@ -170,18 +176,85 @@ def pid_alive(pid: Any) -> bool:
     return True
 
 
-def recover_cut_off(study: optuna.Study, storage: RDBStorage) -> list[int]:
-    """Trials left RUNNING by a tune process of this machine that has ended: failed and queued again.
+FINISHED = ("complete", "pruned", "fail")  # a trial's result state that the study records as it is
+MEASURED = ("epochs", "batch_size", "threads", "samples_per_s", "planned_bytes", "allocator_limit_bytes",
+            "peak_reserved_bytes", "ooms", "seconds", "timeline")  # what a trial's result tells beyond its state
+
+
+def trial_outcome(run_dir: Path, objective: str) -> dict[str, Any]:
+    """How a trial's run ended, from its run directory: its worker's ``result.json``; where that says nothing
+    finished (the worker was interrupted, or died, after its run had finished), the run's ``report.json`` decides:
+    a finished run is complete with its last validated ``objective`` (metrics.jsonl), never run again."""
+    try:
+        result = json.loads((run_dir / RESULT_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        result = {}
+    if not isinstance(result, dict):
+        result = {}
+    if result.get("state") in FINISHED or not (run_dir / REPORT_FILE).is_file():
+        return result
+    if (run_dir / STUDY_NAME).is_file():  # a walk-forward trial: the mean over its members
+        members = json.loads((run_dir / STUDY_NAME).read_text())
+        lasts = [last_value(run_dir / m["dir"], objective) for m in members]
+        value = sum(lasts) / len(lasts) if lasts and None not in lasts else None
+    else:
+        value = last_value(run_dir, objective)
+    if value is None:
+        return {**result, "state": "fail", "error": f"the run finished without reporting {objective}"}
+    return {**result, "state": "complete", "value": value}
+
+
+def last_value(run_dir: Path, objective: str) -> float | None:
+    """A run's last validated ``objective`` (its metrics.jsonl), None if it reported none."""
+    values = [float(r[objective]) for r in read_jsonl(run_dir / METRICS_NAME)
+              if isinstance(r.get(objective), int | float) and math.isfinite(r[objective])]
+    return values[-1] if values else None
+
+
+def record_outcome(study: optuna.Study, storage: RDBStorage, trial: FrozenTrial, result: dict[str, Any]) -> None:
+    """Tell the study how a trial ended (``result``'s state is one of FINISHED) with what it measured."""
+    for key in MEASURED:
+        if result.get(key) is not None:
+            storage.set_trial_user_attr(trial._trial_id, key, result[key])
+    if result["state"] == "complete":
+        study.tell(trial.number, result["value"])
+    elif result["state"] == "pruned":
+        study.tell(trial.number, state=TrialState.PRUNED)
+    else:
+        storage.set_trial_user_attr(trial._trial_id, "error", str(result.get("error", "failed"))[-4000:])
+        study.tell(trial.number, state=TrialState.FAIL)
+
+
+def wait_for_exit(pid: Any, seconds: float) -> None:
+    """Until process ``pid`` (a cut-off trial's worker, saving its checkpoint) has ended, at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def recover_cut_off(study: optuna.Study, storage: RDBStorage, objective: str,
+                    stop_seconds: float = 60.0) -> list[tuple[int, str]]:
+    """Trials left RUNNING by a tune process of this machine that has ended: once its worker has ended too (at most
+    ``stop_seconds``), the run directory decides (:func:`trial_outcome`): a trial whose run finished is recorded
+    as it ended, one that did not is failed and queued again. Returns (trial number, what was done) of each.
 
     Trials of other machines are left to the heartbeat (``tune.heartbeat_seconds``)."""
-    host, numbers = socket.gethostname(), []
+    host, done = socket.gethostname(), []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if trial.user_attrs.get("host") == host and not pid_alive(trial.user_attrs.get("tune_pid")):
-            requeue(study, storage, trial, "cut off: its tune process ended before the trial finished; queued again")
-            numbers.append(trial.number)
+            wait_for_exit(trial.user_attrs.get("worker_pid"), stop_seconds)
+            run_dir = trial.user_attrs.get("run_dir")
+            result = trial_outcome(Path(run_dir), objective) if run_dir else {}
+            if result.get("state") in FINISHED:
+                record_outcome(study, storage, trial, result)
+                done.append((trial.number, result["state"]))
+            else:
+                requeue(study, storage, trial, "cut off: its tune process ended before the trial finished; "
+                        "queued again")
+                done.append((trial.number, "queued again"))
     if storage.get_heartbeat_interval() is not None:
         optuna.storages.fail_stale_trials(study)
-    return numbers
+    return done
 
 
 def best_config(base: Config, study: optuna.Study) -> tuple[Config, FrozenTrial] | None:
@@ -233,8 +306,9 @@ def write_best_config(base: Config, study: optuna.Study, tune_dir: Path) -> Path
 
 
 def trial_config(base: Config, params: dict[str, Any], run_dir: Path) -> Config:
-    """A trial's config: the base with its params, writing into its own run directory."""
+    """A trial's config: the base with its params, writing into its own run directory; its finished checkpoint
+    keeps the replay only where ``tune.keep_replay`` asks."""
     try:
-        return with_overrides(base, {**params, "train.out": str(run_dir)})
+        return with_overrides(base, {**params, "train.out": str(run_dir), "train.keep_replay": base.tune.keep_replay})
     except ConfigError as error:
         raise UserError(f"params {params} make an invalid config: {error}") from None

@@ -5,9 +5,6 @@ reads back ``result.json``; it alone tells the study how the trial ended. Here: 
 on a GPU, its allocator (``torch.cuda.set_per_process_memory_fraction``, before anything is allocated: the probe
 reads the cap into ``DeviceInfo.allocator_limit_bytes`` and the planner plans within it), then train the run with
 an epoch hook that reports the validation objective to the study and stops the run when the pruner says so.
-
-``python -m fitdqn.tune.worker --probe DEVICE`` prints the probed device as JSON (the tune process asks a
-separate process, so that it holds no CUDA context of its own).
 """
 
 from __future__ import annotations
@@ -25,16 +22,17 @@ import optuna
 import torch
 from rich.console import Console
 
-from fitdqn.config import config_from_dict
-from fitdqn.device.probe import configure_allocator, probe, resolve_device
+from fitdqn.config import Config, config_from_dict
 from fitdqn.errors import UserError
+from fitdqn.files import CHECKPOINT_NAME
+from fitdqn.schedule.member import cap_memory
 from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.train.logs import read_jsonl
 from fitdqn.train.run import train
-from fitdqn.tune.study import make_pruner, open_storage
+from fitdqn.train.study import StudyMember, is_study, run_study
+from fitdqn.tune.study import RESULT_FILE, make_pruner, open_storage
 
 SPEC_FILE = "trial.json"
-RESULT_FILE = "result.json"
 LOG_FILE = "train.log"
 
 
@@ -61,16 +59,6 @@ class EpochReporter:
         return False
 
 
-def cap_memory(device_spec: str, fraction: float | None) -> None:
-    """This process's share of the GPU: PyTorch's allocator may hold at most ``fraction`` x total."""
-    if fraction is None:
-        return
-    configure_allocator()  # before the first allocation, as a plain run does
-    device = resolve_device(device_spec)
-    if device.type == "cuda":
-        torch.cuda.set_per_process_memory_fraction(fraction, device)
-
-
 def run_trial(spec: dict[str, Any], console: Console) -> dict[str, Any]:
     """Train the trial's run; the result the tune process records (state, value and what the run measured)."""
     torch.set_num_threads(spec["threads"])
@@ -79,8 +67,10 @@ def run_trial(spec: dict[str, Any], console: Console) -> dict[str, Any]:
     storage = open_storage(spec["storage"])
     study = optuna.load_study(study_name=spec["study"], storage=storage, pruner=make_pruner(config.tune))
     trial = optuna.trial.Trial(study, spec["trial_id"])
-    reporter = EpochReporter(trial, config.tune.objective)
     run_dir = Path(config.train.out)
+    if is_study(config):
+        return run_study_trial(config, run_dir, trial, console)
+    reporter = EpochReporter(trial, config.tune.objective)
     held: dict[str, Any] = {}
 
     def keep_trainer(trainer) -> None:  # the plan beside the run from the start (train() rewrites it at the end)
@@ -93,6 +83,57 @@ def run_trial(spec: dict[str, Any], console: Console) -> dict[str, Any]:
         return {**result, "state": "fail", "error": f"the run reported no {config.tune.objective}: validate at "
                 f"least once (train.eval_every <= train.epochs, and no train.minutes limit before it)"}
     return {**result, "state": "pruned" if reporter.pruned else "complete", "value": reporter.last}
+
+
+class LastValue:
+    """``train(on_epoch=...)``: keeps the last validated ``objective`` of a run; never stops it."""
+
+    def __init__(self, objective: str) -> None:
+        self.objective, self.value = objective, None
+
+    def __call__(self, record: dict[str, Any]) -> bool:
+        value = record.get(self.objective)
+        if value is not None and math.isfinite(float(value)):
+            self.value = float(value)
+        return False
+
+
+class StudyPruned(Exception):
+    """A walk-forward trial's running mean fell below the pruner's bar: its remaining members are not trained."""
+
+
+def run_study_trial(config: Config, run_dir: Path, trial, console: Console) -> dict[str, Any]:
+    """A trial that is itself a study (``evaluate.seeds``/``evaluate.folds`` > 1): its members train one after
+    another in this process, within the trial's share (:func:`fitdqn.train.study.run_study`, which writes the
+    study report). Each member's last validated objective counts; after each member the mean so far is reported
+    to the trial at step = members done (the pruner compares trials of the same layout member by member), and the
+    trial's value is the mean over its members."""
+    objective = config.tune.objective
+    values: list[float] = []
+    pruned = False
+
+    def run_members(todo: list[StudyMember], console: Console) -> None:
+        nonlocal pruned
+        for member in todo:
+            last = LastValue(objective)
+            train(member.config, member.run_dir, resume=(member.run_dir / CHECKPOINT_NAME).is_file(), console=console,
+                  market=member.market, on_epoch=last)
+            if last.value is not None:
+                values.append(last.value)
+                trial.report(sum(values) / len(values), step=len(values))
+                if trial.should_prune():
+                    pruned = True
+                    raise StudyPruned
+
+    try:
+        run_study(config, run_dir, console, run_members=run_members)
+    except StudyPruned:
+        pass
+    if not values:
+        return {"state": "fail", "error": f"the study's members reported no {objective}: validate at least once "
+                "(train.eval_every <= train.epochs)"}
+    return {"state": "pruned" if pruned else "complete", "value": sum(values) / len(values),
+            "epochs": config.train.epochs, "threads": torch.get_num_threads()}
 
 
 def run_measurements(trainer, reporter: EpochReporter, run_dir: Path) -> dict[str, Any]:
@@ -119,13 +160,6 @@ def error_text(error: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    if argv[:1] == ["--probe"]:
-        try:
-            print(json.dumps(probe(argv[1]).to_json()))
-        except UserError as error:
-            print(json.dumps({"error": str(error)}))
-            return 2
-        return 0
     spec_path = Path(argv[0])
     spec = json.loads(spec_path.read_text())
     result_path = spec_path.parent / RESULT_FILE

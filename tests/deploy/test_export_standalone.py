@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from rich.console import Console
-from test_act import TINY
+from support.small_run import SMALL_RUN
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.deploy import export_policy, load_exported, load_run_policy
@@ -22,7 +22,7 @@ from fitdqn.train.run import train
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     folder = tmp_path_factory.mktemp("export")
-    train(with_overrides(Config(), {**TINY, "train.epochs": 1, "train.eval_every": 1}), folder / "run",
+    train(with_overrides(Config(), {**SMALL_RUN, "train.epochs": 1, "train.eval_every": 1}), folder / "run",
           console=Console(file=io.StringIO()))
     policy = load_run_policy(folder / "run", "cpu")
     program, meta = load_exported(export_policy(policy, folder / "policy.pt2"))

@@ -287,7 +287,7 @@ def test_the_console_script_is_the_cli_main():
 
     import fitdqn.cli
 
-    pyproject = tomllib.loads((pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     module, _, name = pyproject["project"]["scripts"]["fitdqn"].partition(":")
     assert getattr(importlib.import_module(module), name) is fitdqn.cli.main is main
 
