@@ -146,9 +146,10 @@ def test_every_example_a_help_or_readme_cites_exists():
 
 def runs_on_a_cpu(argv: list[str]) -> bool:
     """Commands run here: not those that need GPUs (--gpus, torchrun), that measure a GPU (profile), a study of
-    many runs (--seeds/--folds), or `tune` without a search space (it says so and exits)."""
-    return not ({"--gpus", "--seeds", "--folds", "..."} & set(argv)) and argv[:1] != ["profile"] and \
-        argv != ["tune"] and argv not in LAUNCHED
+    many runs (--seeds/--folds), a database (--storage URL: a queue and its workers), or `tune` without a search
+    space (it says so and exits)."""
+    needs_more = {"--gpus", "--seeds", "--folds", "...", "URL", "--storage"}
+    return not needs_more & set(argv) and argv[:1] != ["profile"] and argv != ["tune"] and argv not in LAUNCHED
 
 
 def test_readme_commands_run(tmp_path, capsys):
