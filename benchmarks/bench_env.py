@@ -37,6 +37,7 @@ from fitdqn.device.probe import resolve_device
 from fitdqn.market.env import FuturesEnv
 from fitdqn.market.layout import STATE_DIM
 from fitdqn.market.loader import Market, load_market
+from fitdqn.resolve import resolve_for_market
 
 
 class MLPPolicy(nn.Module):
@@ -189,6 +190,7 @@ def main() -> None:
     device = resolve_device(args.device)
     config = with_overrides(Config(), {"market.data": args.data})
     market_cpu = load_market(config.market, window=config.net.window, device="cpu")
+    config, _ = resolve_for_market(config, market_cpu)  # the reward scale and sizing target, as a run derives them
     market = on_device(market_cpu, device)
     policy, policy_name = make_policy(config, device, args.policy)
     rows = []

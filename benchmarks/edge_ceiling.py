@@ -22,10 +22,10 @@ from fitdqn.config import SYNTHETIC_DATA, Config, MarketConfig, knob_choices, wi
 from fitdqn.evaluate.backtest import BarRule, SplitSizes, evaluate_rules
 from fitdqn.evaluate.baselines import account_size
 from fitdqn.evaluate.metrics import trading_metrics
-from fitdqn.market.env import resolve_reward
 from fitdqn.market.layout import FEATURE_NAMES, NUM_BRANCHES
 from fitdqn.market.loader import load_market
 from fitdqn.provenance import code_commit
+from fitdqn.resolve import resolve_for_market
 
 THRESHOLDS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -52,7 +52,7 @@ def main() -> None:
     if config.net.branches[0] != 2 * config.market.max_contracts + 1:
         raise SystemExit("this script assumes one position level per contract (net.branches[0] = 2 x max + 1)")
     market = load_market(config.market, window=config.net.window)
-    config, _ = resolve_reward(config, market)  # the sizing's target, derived as a run derives it
+    config, _ = resolve_for_market(config, market)  # the sizing's target, derived as a run derives it
     z = market.features[:, FEATURE_NAMES.index("ret_1")].double()  # [T]
     rules = [sized_momentum(z, c, half, config.market.max_contracts) for c in THRESHOLDS for half in (False, True)]
     sizes = SplitSizes.of_config(config, market)

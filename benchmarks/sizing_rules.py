@@ -16,9 +16,9 @@ from fitdqn.config import Config, with_overrides
 from fitdqn.evaluate.backtest import SplitSizes, evaluate_rules
 from fitdqn.evaluate.baselines import account_size, rule_policies
 from fitdqn.evaluate.metrics import trading_metrics
-from fitdqn.market.env import resolve_reward
 from fitdqn.market.loader import load_market
 from fitdqn.provenance import code_commit
+from fitdqn.resolve import resolve_for_market
 
 SIZINGS = ("contracts", "volatility")
 SPLITS = ("validation", "test")
@@ -28,7 +28,7 @@ def rule_sharpes(data: str, sizing: str) -> tuple[dict[str, dict[str, float]], f
     """rule -> split -> Sharpe, and the sizing's target volatility (0 for contracts)."""
     config = with_overrides(Config(), {"market.data": data, "market.position_sizing": sizing})
     market = load_market(config.market, window=config.net.window)
-    config, _ = resolve_reward(config, market)
+    config, _ = resolve_for_market(config, market)
     rules = rule_policies(market, config, market.bars_per_year)
     sizes = SplitSizes.of_config(config, market)
     out: dict[str, dict[str, float]] = {name: {} for name in rules}

@@ -136,7 +136,7 @@ def test_the_walk_sees_the_constructors():
     names = {qualified for qualified, _ in public_callables()}
     for expected in ("fitdqn.replay.buffer.ReplayBuffer.__init__", "fitdqn.replay.buffer.ReplayBuffer.from_config",
                      "fitdqn.replay.sampler.PrioritizedSampler.__init__", "fitdqn.market.env.FuturesEnv.__init__",
-                     "fitdqn.market.env.FuturesEnv.from_market", "fitdqn.learn.learner.Learner.__init__",
+                     "fitdqn.market.env.FuturesEnv.from_config", "fitdqn.learn.learner.Learner.__init__",
                      "fitdqn.market.data.synthetic_bars", "fitdqn.collect.collector.Collector.__init__"):
         assert expected in names, expected
 

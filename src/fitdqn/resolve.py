@@ -44,9 +44,28 @@ def resolved_lr_base_batch(config: Config, device: DeviceInfo) -> int:
     return match_profile(device.name, load_profiles(config.budget.profiles_dir or None)).batch_size
 
 
+def resolve_for_market(config: Config, market: Market) -> tuple[Config, RewardScale]:
+    """``config`` with the values it leaves to the data resolved for ``market``: the volatility sizing's target
+    (``market.target_volatility`` under ``market.position_sizing = 'volatility'``: the derived value when it is 0)
+    and then ``market.reward_scale`` (the derived value when it is 0), and what the scale does
+    (:class:`fitdqn.market.env.RewardScale`). The one place a run's reward scale is settled: training, backtests
+    and deploy read it from the resolved config."""
+    from fitdqn.market.env import (  # lazy by design: resolve_for_device (the plan's) needs no market
+        derive_reward_scale,
+        derive_target_volatility,
+        derives_target,
+    )
+
+    m = config.market
+    if derives_target(m):
+        derived = derive_target_volatility(market, config.net.window)
+        config = dataclasses.replace(config, market=dataclasses.replace(m, target_volatility=derived))
+    info = derive_reward_scale(market, config)
+    resolved = dataclasses.replace(config, market=dataclasses.replace(config.market, reward_scale=info.scale))
+    return resolved, info
+
+
 def resolve_run(config: Config, device: DeviceInfo, market: Market) -> tuple[Config, RewardScale]:
     """The run's config, resolved for ``device`` and ``market`` (the reward scale derived from the training
     split when ``market.reward_scale`` is 0), and what that scale does to the split's returns."""
-    from fitdqn.market.env import resolve_reward  # lazy by design: resolve_for_device (the plan's) needs no market
-
-    return resolve_reward(resolve_for_device(config, device), market)
+    return resolve_for_market(resolve_for_device(config, device), market)

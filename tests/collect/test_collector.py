@@ -8,6 +8,7 @@ from support.small_run import SMALL_RUN
 from fitdqn.collect.collector import COLLECT_STAT_KEYS, epsilon_at
 from fitdqn.config import Config, LearnConfig, for_device, with_overrides
 from fitdqn.market.loader import load_market
+from fitdqn.resolve import resolve_for_market
 from fitdqn.system import build_system
 from fitdqn.transitions import EPISODE_END
 
@@ -17,6 +18,7 @@ STEPS = 40  # episodes of 32 steps: every env ends at least one
 def small_system():
     config = for_device(with_overrides(Config(), SMALL_RUN), "cpu")
     market = load_market(config.market, window=config.net.window, device="cpu")
+    config, _ = resolve_for_market(config, market)
     torch.manual_seed(0)
     return build_system(config, market, torch.device("cpu"), capacity=4096, batch_size=64, epsilon_decay_steps=1000)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support.env import env_options
+from support.env import env_config, market_env
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.evaluate.backtest import BarRule, SplitSizes, evaluate_policy, run_backtest, segment_layout
 from fitdqn.evaluate.baselines import rule_policies
-from fitdqn.market.env import EXIT_EPISODE_END, FuturesEnv
+from fitdqn.market.env import EXIT_EPISODE_END
 from fitdqn.market.features import FEATURE_NAMES
 from fitdqn.market.loader import load_market
 
@@ -28,7 +28,7 @@ def sp500_market():
 def test_buy_and_hold_backtest_over_a_whole_split(sp500_market):
     market = sp500_market
     split = market.splits["test"]
-    env = FuturesEnv.from_market(market, "test", **env_options(episode_length=len(split), sequential=True))
+    env = market_env(market, "test", episode_length=len(split), sequential=True)
     bt = run_backtest(env, lambda obs: torch.tensor([[LONG1, 0, 0]]), split="test", timestamps=None)
     assert len(bt) == split.stop - 1 - split.start and bt.decision_bar[0] == split.start
     p = market.prices.double().numpy()
@@ -44,7 +44,7 @@ def test_buy_and_hold_backtest_over_a_whole_split(sp500_market):
 def test_evaluate_policy_runs_consecutive_training_length_episodes(sp500_market):
     market = sp500_market
     bt = evaluate_policy(lambda obs: torch.zeros((obs.shape[0], 3), dtype=torch.long) + torch.tensor([FLAT, 0, 0]),
-                         market, "validation", SplitSizes(episode_length=100, segments=1, **SIZES))
+                         market, "validation", SplitSizes(env_config(episode_length=100, **SIZES), segments=1))
     split = market.splits["validation"]
     assert len(bt) == len(split) - 1 and (bt.pnl == 0).all() and bt.equity[-1] == 0
     assert list(bt.decision_bar[:2]) == [split.start, split.start + 1]
@@ -68,7 +68,7 @@ def test_synthetic_edge_is_learnable_and_absent_without_signal():
             Config(), {"market.data": "synthetic", "market.synthetic_signal": signal, "market.seed": seed}
         )
         pnl = evaluate_policy(follow_last_bar, load_market(config.market, window=8), "test",
-                              SplitSizes(episode_length=256, segments=64, **SIZES)).pnl
+                              SplitSizes(env_config(episode_length=256, **SIZES), segments=64)).pnl
         return pnl.mean() / pnl.std() * np.sqrt(252)
 
     for seed in (0, 1):
@@ -89,8 +89,7 @@ def test_segment_layout_covers_every_step_with_whole_episodes():
 
 def sequential_reference(market, policy, split, episode_length):
     """The backtest as it was: one env, one decision per bar (the segmented run's parity reference)."""
-    env = FuturesEnv.from_market(market, split,
-                                 **env_options(episode_length=episode_length, sequential=True, **SIZES))
+    env = market_env(market, split, episode_length=episode_length, sequential=True, **SIZES)
     g = 0.5 * sum(env.goal_range)
     env.goal_range = (g, g)
     env.reset()
@@ -113,7 +112,7 @@ def test_segmented_backtest_equals_the_bar_by_bar_pass(sp500_market, segments):
 
     pnl, position = sequential_reference(sp500_market, policy, "validation", 64)
     bt = evaluate_policy(policy, sp500_market, "validation",
-                         SplitSizes(episode_length=64, segments=segments, **SIZES))
+                         SplitSizes(env_config(episode_length=64, **SIZES), segments=segments))
     assert bt.segments == min(segments, -(-len(pnl) // 64))
     np.testing.assert_array_equal(bt.pnl, pnl)
     np.testing.assert_array_equal(bt.position, position)
@@ -128,8 +127,9 @@ def test_bar_rules_run_without_observations_and_match_a_policy(sp500_market):
     assert isinstance(rule, BarRule)
     close = sp500_market.prices[:, 3].double()
 
-    batched = evaluate_policy(rule, sp500_market, "test", SplitSizes(episode_length=256, segments=8, **SIZES))
-    one = evaluate_policy(rule, sp500_market, "test", SplitSizes(episode_length=256, segments=1, **SIZES))
+    config = env_config(episode_length=256, **SIZES)
+    batched = evaluate_policy(rule, sp500_market, "test", SplitSizes(config, segments=8))
+    one = evaluate_policy(rule, sp500_market, "test", SplitSizes(config, segments=1))
     np.testing.assert_array_equal(batched.pnl, one.pnl)
     bars = one.decision_bar
     expected = 2 * torch.sign(close[bars] - close[bars - 1]).numpy()
@@ -142,9 +142,9 @@ def test_segmented_backtest_on_cuda_equals_the_cpu():
     cpu_market = load_market(config.market, window=8)
     gpu_market = load_market(config.market, window=8, device="cuda")
     rule = rule_policies(cpu_market, config, 252.0)["ma_crossover"]
-    cpu = evaluate_policy(rule, cpu_market, "test", SplitSizes(episode_length=256, segments=1, **SIZES))
+    cpu = evaluate_policy(rule, cpu_market, "test", SplitSizes(env_config(episode_length=256, **SIZES), segments=1))
     cuda = evaluate_policy(rule_policies(gpu_market, config, 252.0)["ma_crossover"], gpu_market, "test",
-                           SplitSizes(episode_length=256, segments=1024, **SIZES))
+                           SplitSizes(env_config(episode_length=256, **SIZES), segments=1024))
     assert cuda.segments > 1
     np.testing.assert_array_equal(cuda.position, cpu.position)
     np.testing.assert_allclose(cuda.pnl, cpu.pnl, rtol=1e-5, atol=1e-2)

@@ -14,9 +14,9 @@ from fitdqn.evaluate.backtest import SplitSizes, evaluate_policy, evaluate_rules
 from fitdqn.evaluate.backtest_graphs import BacktestGraphs
 from fitdqn.evaluate.baselines import greedy_policy, random_policy, rule_policies
 from fitdqn.learn.learner import Learner
-from fitdqn.market.env import resolve_reward
 from fitdqn.market.layout import STATE_DIM
 from fitdqn.market.loader import load_market
+from fitdqn.resolve import resolve_for_market
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def setup():
     config = for_device(with_overrides(Config(), {"market.data": "synthetic"}), "cuda")
     market = load_market(config.market, window=config.net.window, device="cuda")
-    config, _ = resolve_reward(config, market)
+    config, _ = resolve_for_market(config, market)
     learner = Learner(config, STATE_DIM, torch.device("cuda"))
     return config, market, learner
 

@@ -13,9 +13,10 @@ from fitdqn.evaluate.backtest import SplitSizes, evaluate_policy
 from fitdqn.evaluate.baselines import greedy_policy
 from fitdqn.evaluate.ensemble import EnsemblePolicy, combine, ensemble_levels, evaluate_ensemble
 from fitdqn.learn.learner import Learner
-from fitdqn.market.env import position_levels, position_size, resolve_reward
+from fitdqn.market.env import position_levels, position_size
 from fitdqn.market.layout import STATE_DIM
 from fitdqn.market.loader import load_market
+from fitdqn.resolve import resolve_for_market
 
 
 def test_levels_are_every_mean_of_the_members_levels():
@@ -42,7 +43,7 @@ def test_combine_takes_the_mean_position_and_the_closest_members_bracket():
 def setup():
     config = with_overrides(Config(), {**SMALL_RUN, "market.synthetic_bars": 3000})
     market = load_market(config.market, window=config.net.window)
-    config, _ = resolve_reward(config, market)
+    config, _ = resolve_for_market(config, market)
     learners = []
     for seed in (0, 1):
         torch.manual_seed(seed)

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from support.env import env_config
 
 import fitdqn.evaluate.backtest as backtest_module
 from fitdqn.config import Config, with_overrides
@@ -71,7 +72,7 @@ def test_one_pass_equals_each_rules_own_pass(markets, name, segments):
     rules = [*rule_policies(market, with_overrides(Config(), {"evaluate.ma_slow": 100}), 252.0).values(),
              stop_and_take_rule(market, 0), stop_and_take_rule(market, 1)]
     for split in ("validation", "test"):
-        sizes = SplitSizes(episode_length=32, segments=segments, **SIZES)
+        sizes = SplitSizes(env_config(episode_length=32, **SIZES), segments=segments)
         batched = evaluate_rules(rules, market, split, sizes)
         assert len(batched) == len(rules)
         for rule, bt in zip(rules, batched, strict=True):
@@ -85,16 +86,16 @@ def test_passes_never_step_more_envs_than_segments(monkeypatch, markets, segment
     market = markets["synthetic"]
     rules = [stop_and_take_rule(market, s) for s in range(5)]
     built = []
-    original = FuturesEnv.from_market
+    original = FuturesEnv.from_config
 
     def spy(*args, **kwargs):
         built.append(kwargs["num_envs"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(backtest_module.FuturesEnv, "from_market", spy)
+    monkeypatch.setattr(backtest_module.FuturesEnv, "from_config", spy)
     steps = market.splits["test"].stop - 1 - market.first_bar("test", 8)
     K, _ = segment_layout(steps, 32, segments)
-    sizes = SplitSizes(episode_length=32, segments=segments, **SIZES)
+    sizes = SplitSizes(env_config(episode_length=32, **SIZES), segments=segments)
     batched = evaluate_rules(rules, market, "test", sizes)
     monkeypatch.undo()
     per_pass = segments // K
@@ -112,9 +113,9 @@ def test_evaluate_split_keeps_every_baseline_figure(two_epoch_config):
 
     config = two_epoch_config(**{"market.synthetic_bars": 3000, "evaluate.bootstrap_samples": 100})
     market = load_market(config.market, window=config.net.window)
-    from fitdqn.market.env import resolve_reward
+    from fitdqn.resolve import resolve_for_market
 
-    config, _ = resolve_reward(config, market)
+    config, _ = resolve_for_market(config, market)
     learner = Learner(config, FuturesEnv.from_config(config, "train", market=market, num_envs=1).state_dim, "cpu")
     result = evaluate_split(learner, market, config, "test")
     capital, per_year = result.results["capital"], market.bars_per_year
@@ -148,12 +149,13 @@ def test_like_for_like_baselines_and_the_rules_that_cannot_run(two_epoch_config)
     are; a rule whose lookback the data cannot give before the split's first decision is n/a, not a flat row."""
     from fitdqn.evaluate.baselines import SIZED_HOLD, not_applicable
     from fitdqn.learn.learner import Learner
-    from fitdqn.market.env import position_size, resolve_reward
+    from fitdqn.market.env import position_size
+    from fitdqn.resolve import resolve_for_market
 
     config = two_epoch_config(**{"market.synthetic_bars": 3000, "evaluate.bootstrap_samples": 100,
                              "evaluate.momentum_years": 50.0})
     market = load_market(config.market, window=config.net.window)
-    config, _ = resolve_reward(config, market)
+    config, _ = resolve_for_market(config, market)
     per_year = market.bars_per_year
     first = market.first_bar("test", config.net.window)
     assert round(50 * per_year) > first  # the lookback is longer than the history before the test split

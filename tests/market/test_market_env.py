@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support.env import env_options
+from support.env import env_options, market_env
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.errors import UserError
@@ -34,6 +34,7 @@ from fitdqn.market.layout import (
 from fitdqn.market.loader import load_market
 from fitdqn.market.observation import build_observation
 from fitdqn.ops.replay_gather import GoalCrossing
+from fitdqn.resolve import resolve_for_market
 from fitdqn.transitions import check_rows
 
 # multiplier 50, tick 0.25, commission 2.5 per contract per fill, slippage 1 tick = 0.25 points = 12.5 cash
@@ -181,7 +182,7 @@ def test_stop_and_target_prices_round_to_the_tick():
 def test_episode_reward_of_holding_one_contract_is_buy_and_hold_minus_costs(sp500_market):
     market = sp500_market
     L = 64
-    env = FuturesEnv.from_market(market, "train", **env_options(num_envs=16, episode_length=L, seed=5))
+    env = market_env(market, "train", num_envs=16, episode_length=L, seed=5)
     start = env.bar.clone()
     total = torch.zeros(16, dtype=torch.float64)
     for _ in range(L):
@@ -197,7 +198,7 @@ def test_episode_reward_of_holding_one_contract_is_buy_and_hold_minus_costs(sp50
 # ---------------------------------------------------------------------------------------------- episodes
 def test_episodes_start_after_warmup_and_reset_inside_step(sp500_market):
     L = 20
-    env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=64, episode_length=L, seed=3))
+    env = market_env(sp500_market, "train", num_envs=64, episode_length=L, seed=3)
     train = sp500_market.splits["train"]
     assert env.first_bar == WARMUP and env.num_starts == train.stop - 1 - L - WARMUP + 1
     starts = [env.bar.clone()]
@@ -222,7 +223,7 @@ def test_episodes_start_after_warmup_and_reset_inside_step(sp500_market):
 
 
 def test_goal_is_sampled_per_episode_and_rewarded_on_upward_crossing(sp500_market):
-    env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=256, episode_length=4, seed=0))
+    env = market_env(sp500_market, "train", num_envs=256, episode_length=4, seed=0)
     goals = env.agent[:, GOAL_COLUMN]
     low, high = env.goal_range
     assert low == 0.0 and high == pytest.approx(env.goal_unit * 2.0)
@@ -237,7 +238,7 @@ def test_goal_is_sampled_per_episode_and_rewarded_on_upward_crossing(sp500_marke
 
 def test_seeded_determinism(sp500_market):
     def rollout(seed):
-        env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=32, episode_length=16, seed=seed))
+        env = market_env(sp500_market, "train", num_envs=32, episode_length=16, seed=seed)
         g = torch.Generator().manual_seed(1)
         outs = [env.step(torch.randint(0, 5, (32, 3), generator=g)) for _ in range(40)]
         return {k: torch.stack([o[k] for o in outs]) for k in outs[0]}
@@ -246,7 +247,7 @@ def test_seeded_determinism(sp500_market):
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert not torch.equal(a["bar"], c["bar"])
-    env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=8, seed=1))
+    env = market_env(sp500_market, "train", num_envs=8, seed=1)
     first = env.bar.clone()
     env.reset(seed=1)
     assert torch.equal(env.bar, first)
@@ -256,8 +257,7 @@ def test_branches_without_brackets_trade_as_the_full_env_choosing_none(sp500_mar
     """``net.branches = (n, 1, 1)``: the bracket branches offer only 'none'; the env then steps exactly as the full
     one does when the agent chooses no stop and no take-profit."""
     def rollout(branches):
-        env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=16, episode_length=16,
-                                                                         branches=branches, seed=3))
+        env = market_env(sp500_market, "train", num_envs=16, episode_length=16, branches=branches, seed=3)
         g = torch.Generator().manual_seed(2)
         actions = [torch.cat([torch.randint(0, 5, (16, 1), generator=g), torch.zeros(16, 2, dtype=torch.long)], 1)
                    for _ in range(30)]
@@ -268,11 +268,11 @@ def test_branches_without_brackets_trade_as_the_full_env_choosing_none(sp500_mar
     for key in full:
         assert torch.equal(full[key], bare[key]), key
     with pytest.raises(UserError, match=r"\(n, 1, 1\) for target positions only"):
-        FuturesEnv.from_market(sp500_market, "train", **env_options(branches=(5, 2, 5)))
+        market_env(sp500_market, "train", branches=(5, 2, 5))
 
 
 def test_transition_contract(sp500_market):
-    env = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=5, episode_length=8))
+    env = market_env(sp500_market, "train", num_envs=5, episode_length=8)
     spec = transition_spec()
     assert list(spec) == [
         "bar",
@@ -308,9 +308,9 @@ def test_step_has_no_host_sync():
 
 def test_bad_env_arguments(sp500_market):
     with pytest.raises(UserError, match="cannot hold an episode"):
-        FuturesEnv.from_market(sp500_market, "test", **env_options(episode_length=5000))
+        market_env(sp500_market, "test", episode_length=5000)
     with pytest.raises(UserError, match=r"net.branches"):
-        FuturesEnv.from_market(sp500_market, "train", **env_options(branches=(5, 4, 5)))
+        market_env(sp500_market, "train", branches=(5, 4, 5))
     with pytest.raises(UserError, match="window"):
         hand_env([FLAT_BAR] * 5, 2).__class__(
             torch.zeros(5, 4), torch.zeros(5), torch.zeros(5, 72), TEST_CONTRACT, first_bar=0,
@@ -328,6 +328,8 @@ def test_from_config_reads_the_config():
             "collect.num_envs": 6,
             "market.episode_length": 32,
             "market.max_contracts": 4,
+            "market.reward_scale": 1.0,  # resolved: nothing left to the data
+            "market.position_sizing": "contracts",
         },
     )
     env = FuturesEnv.from_config(config, "validation")
@@ -385,7 +387,7 @@ def test_risk_penalty_takes_the_squared_reward_off_each_step_and_leaves_the_pnl(
         others = [i for i in range(len(AGENT_FIELDS)) if i != achieved]
         torch.testing.assert_close(b["next_agent"][:, others], a["next_agent"][:, others])
     config = with_overrides(Config(), {"market.data": "synthetic", "market.risk_penalty": 0.25,
-                                       "market.reward_scale": 1.0})
+                                       "market.reward_scale": 1.0, "market.position_sizing": "contracts"})
     assert FuturesEnv.from_config(config, "train", num_envs=2).risk_penalty == 0.25
     with pytest.raises(UserError, match="risk_penalty"):
         env_with(-0.1)
@@ -395,7 +397,7 @@ def test_derived_reward_scale_puts_returns_inside_the_support():
     """market.reward_scale = 0: the full-position discounted return on the training split has std
     v_max / reward_support_sigmas (recomputed here from the close prices); with the old typed-in 1e-3, 17 % of
     one-step synthetic rewards fell outside the C51 support."""
-    from fitdqn.market.env import derive_reward_scale, resolve_reward
+    from fitdqn.market.env import derive_reward_scale
 
     config = with_overrides(Config(), {"market.data": "synthetic", "learn.gamma": 0.9, "learn.n_step": 3})
     market = load_market(config.market, window=config.net.window)
@@ -414,22 +416,23 @@ def test_derived_reward_scale_puts_returns_inside_the_support():
         assert info.source == "derived" and info.outside_one_step < 0.01 and info.outside_n_step < 0.01
     given = derive_reward_scale(market, with_overrides(config, {"market.reward": "pnl", "market.reward_scale": 1e-3}))
     assert given.source == "given" and given.outside_one_step > 0.1
-    resolved, info = resolve_reward(config, market)
+    resolved, info = resolve_for_market(config, market)
     assert resolved.market.reward_scale == info.scale > 0
-    env = FuturesEnv.from_config(config, "train", market=market, num_envs=4)  # 0 resolves to the same scale
-    assert env.reward_scale == pytest.approx(info.scale)
+    assert FuturesEnv.from_config(resolved, "train", market=market, num_envs=4).reward_scale == info.scale
+    with pytest.raises(UserError, match="resolve_for_market"):  # the env factory resolves nothing itself
+        FuturesEnv.from_config(config, "train", market=market, num_envs=4)
 
 
 def test_an_unresolved_reward_scale_is_refused():
-    with pytest.raises(UserError, match="resolve_reward"):
+    with pytest.raises(UserError, match="resolve_for_market"):
         hand_env([FLAT_BAR, FLAT_BAR], episode_length=1).__class__(
             torch.tensor([FLAT_BAR, FLAT_BAR]), torch.full((2,), 2.0), torch.zeros(2, NUM_FEATURES), TEST_CONTRACT,
             first_bar=0, **env_options(window=1, episode_length=1, reward_scale=0.0))
 
 
 def test_a_given_goal_unit_is_used_as_given(sp500_market):
-    derived = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=4))
-    given = FuturesEnv.from_market(sp500_market, "train", **env_options(num_envs=4), goal_unit=0.7)
+    derived = market_env(sp500_market, "train", num_envs=4)
+    given = market_env(sp500_market, "train", num_envs=4, goal_unit=0.7)
     assert derived.goal_unit != 0.7 and given.goal_unit == 0.7 and given.goal_range == (0.0, 0.7 * 16.0)
 
 
@@ -462,21 +465,19 @@ def test_volatility_sizing_holds_the_level_times_the_target_over_the_bars_volati
 def test_volatility_sizing_target_is_derived_from_the_training_split():
     """market.target_volatility = 0 resolves to the median ATR / close of the training split's decision bars, the
     reward scale then derived for the sized positions; 'contracts' leaves it 0; a given target is kept."""
-    from fitdqn.market.env import resolve_reward
-
     config = with_overrides(Config(), {"market.data": "synthetic", "market.position_sizing": "volatility"})
     market = load_market(config.market, window=config.net.window)
     train = market.split("train")
     first = market.first_bar(train, config.net.window)
     relative = (market.atr[first:train.stop - 1].double() / market.prices[first:train.stop - 1, 3].double()).numpy()
-    resolved, info = resolve_reward(config, market)
+    resolved, info = resolve_for_market(config, market)
     assert resolved.market.target_volatility == pytest.approx(float(np.median(relative)), rel=1e-9)
     assert info.target_volatility == resolved.market.target_volatility and "sized by volatility" in info.describe()
-    plain, _ = resolve_reward(with_overrides(config, {"market.position_sizing": "contracts"}), market)
+    plain, _ = resolve_for_market(with_overrides(config, {"market.position_sizing": "contracts"}), market)
     assert plain.market.target_volatility == 0.0 and resolved.market.reward_scale > plain.market.reward_scale
-    given, _ = resolve_reward(with_overrides(config, {"market.target_volatility": 0.02}), market)
+    given, _ = resolve_for_market(with_overrides(config, {"market.target_volatility": 0.02}), market)
     assert given.market.target_volatility == 0.02
-    env = FuturesEnv.from_config(config, "train", market=market, num_envs=2)  # 0 resolves to the same target
+    env = FuturesEnv.from_config(resolved, "train", market=market, num_envs=2)
     assert env.target_volatility == pytest.approx(resolved.market.target_volatility)
     whole = with_overrides(config, {"market.position_sizing": "contracts", "market.target_volatility": 0.02,
                                     "market.reward_scale": 1.0})  # nothing left to resolve: a target unused

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.env import env_options
+from support.env import market_env
 
 from fitdqn.config import Config
-from fitdqn.market.env import FuturesEnv
 from fitdqn.market.loader import load_market
 from fitdqn.transitions import EPISODE_END
 
@@ -21,8 +20,8 @@ def test_graph_replay_matches_eager():
     E, steps, warm, L = 512, 100, 3, 16
     g = torch.Generator(device=device).manual_seed(0)
     actions = torch.randint(0, 5, (warm + steps, E, 3), device=device, generator=g)
-    eager = FuturesEnv.from_market(market, "train", **env_options(num_envs=E, episode_length=L, seed=3))
-    graphed = FuturesEnv.from_market(market, "train", **env_options(num_envs=E, episode_length=L, seed=3))
+    eager = market_env(market, "train", num_envs=E, episode_length=L, seed=3)
+    graphed = market_env(market, "train", num_envs=E, episode_length=L, seed=3)
     static = torch.zeros(E, 3, dtype=torch.long, device=device)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

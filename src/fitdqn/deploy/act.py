@@ -28,8 +28,9 @@ from fitdqn.errors import UserError
 from fitdqn.evaluate.backtest import run_backtest
 from fitdqn.files import atomic_write_bytes
 from fitdqn.market.data import bars_from_config
-from fitdqn.market.env import STOP_ATR, TAKE_PROFIT_ATR, FuturesEnv, sizing_target
+from fitdqn.market.env import STOP_ATR, TAKE_PROFIT_ATR, FuturesEnv
 from fitdqn.market.loader import market_from_bars
+from fitdqn.market.splits import Split
 
 ACTION_COLUMNS = ("action_position", "action_stop", "action_take_profit")  # sub-action index per branch
 
@@ -90,14 +91,9 @@ def act_on_bars(policy: RunPolicy, bars: pd.DataFrame, *, start: str | pd.Timest
             f"decision (and the observation window {window}): give at least {market.warmup + 1} bars"
         )
     unit = policy.goal_unit() if goal_unit is None else float(goal_unit)
-    env = FuturesEnv(
-        market.prices, market.atr, market.features, policy.contract, first_bar=first, stop_bar=num_bars + 1,
-        num_envs=1, window=window, episode_length=market_config.episode_length,
-        max_contracts=market_config.max_contracts, reward_scale=market_config.reward_scale,
-        reward=market_config.reward, risk_penalty=market_config.risk_penalty,
-        target_volatility=sizing_target(market_config), branches=net.branches, seed=0,
-        sequential=True, goal_unit=unit, levels=policy.levels(),
-    )
+    bars_to_act_on = Split("act", first, num_bars + 1)  # every decision bar from ``first``; the fill bar last
+    env = FuturesEnv.from_config(config, bars_to_act_on, market=market, num_envs=1, seed=0, sequential=True,
+                                 goal_unit=unit, levels=policy.levels())
     goal = 0.5 * (env.goal_range[0] + env.goal_range[1])  # as the backtests: the middle of the goal range
     env.goal_range = (goal, goal)
 

@@ -36,10 +36,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import Tensor
 
+from fitdqn.config import Config
 from fitdqn.market.contract import ContractSpec
-from fitdqn.market.env import FuturesEnv, needs_resolving, resolve_reward, sizing_target
+from fitdqn.market.env import FuturesEnv, needs_resolving
 from fitdqn.market.layout import NUM_BRANCHES
 from fitdqn.market.loader import Market, load_market
+from fitdqn.resolve import resolve_for_market
 
 
 @dataclass
@@ -315,46 +317,33 @@ def pass_results(run: SegmentPass, *, split: str, timestamps: np.ndarray | None)
 
 @dataclass(frozen=True)
 class SplitSizes:
-    """What a backtest's env is built with (as the agent was trained) and ``segments``, the most segments it
-    steps in parallel."""
+    """What a backtest's env is built with: the run's resolved ``config`` (as the agent was trained),
+    ``segments``, the most segments it steps in parallel, and ``levels``, branch 0's contracts where not the
+    config's (an ensemble's means)."""
 
-    window: int
-    episode_length: int
-    max_contracts: int
-    reward_scale: float
-    reward: str
-    risk_penalty: float
-    target_volatility: float
-    branches: Sequence[int]
+    config: Config
     segments: int
-    levels: tuple[float, ...] | None = None  # branch 0's contracts where not the config's (an ensemble's means)
+    levels: tuple[float, ...] | None = None
 
     @classmethod
-    def of_config(cls, config, market: Market) -> SplitSizes:
-        """The sizes of a :class:`fitdqn.config.Config` (the reward scale derived from ``market``'s training split
-        where the config leaves it 0, as the agent was trained)."""
+    def of_config(cls, config: Config, market: Market) -> SplitSizes:
+        """The sizes of a :class:`fitdqn.config.Config` (the values it leaves to the data resolved on ``market``'s
+        training split, as the agent was trained)."""
         if needs_resolving(config.market):
-            config, _ = resolve_reward(config, market)
-        m = config.market
-        return cls(window=config.net.window, episode_length=m.episode_length, max_contracts=m.max_contracts,
-                   reward_scale=m.reward_scale, reward=m.reward, risk_penalty=m.risk_penalty,
-                   target_volatility=sizing_target(m), branches=config.net.branches,
-                   segments=config.evaluate.segments)
+            config, _ = resolve_for_market(config, market)
+        return cls(config=config, segments=config.evaluate.segments)
 
     def layout(self, market: Market, split: str) -> int:
         """K: the segments of whole episodes a lone backtest of ``split`` steps (:func:`segment_layout`)."""
         s = market.split(split)
-        return segment_layout(s.stop - 1 - market.first_bar(s, self.window), self.episode_length, self.segments)[0]
+        steps = s.stop - 1 - market.first_bar(s, self.config.net.window)
+        return segment_layout(steps, self.config.market.episode_length, self.segments)[0]
 
 
 def split_env(market: Market, split: str, num_envs: int, sizes: SplitSizes, goal: float | None) -> FuturesEnv:
     """A sequential env of ``num_envs`` envs over ``split``, its goal fixed (None: the middle of the training
     goal range)."""
-    env = FuturesEnv.from_market(market, split, num_envs=num_envs, window=sizes.window,
-                                 episode_length=sizes.episode_length, max_contracts=sizes.max_contracts,
-                                 reward_scale=sizes.reward_scale, reward=sizes.reward,
-                                 risk_penalty=sizes.risk_penalty, target_volatility=sizes.target_volatility,
-                                 branches=sizes.branches, levels=sizes.levels,
+    env = FuturesEnv.from_config(sizes.config, split, market=market, num_envs=num_envs, levels=sizes.levels,
                                  sequential=True, seed=0)  # a sequential env draws no start bars; the goal is set below
     g = 0.5 * (env.goal_range[0] + env.goal_range[1]) if goal is None else float(goal)
     env.goal_range = (g, g)

@@ -34,8 +34,8 @@ replay at sample time), by ``market.reward``:
 The agent state's unrealised P&L and cumulative reward are in the same units. ``market.reward_scale = 0``
 (default) derives the scale from the training split (:func:`derive_reward_scale`): the standard deviation of the
 full-position discounted return is ``net.v_max / market.reward_support_sigmas``, so returns sit inside the C51
-support; :func:`resolve_reward` writes the derived value into the run's config (train, backtests and a resume
-use the same one).
+support; :func:`fitdqn.resolve.resolve_for_market` writes the derived value into the run's config (train,
+backtests, a resume and deploy use the same one).
 
 Episodes are ``market.episode_length`` decisions from a random start bar in the split (start >= the feature
 warm-up and >= ``window - 1``; start + episode_length <= the split's last bar). The last step liquidates any
@@ -57,7 +57,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -236,24 +235,8 @@ def derive_reward_scale(market: Market, config) -> RewardScale:
 
 
 def needs_resolving(market_config: MarketConfig) -> bool:
-    """Whether ``market_config`` leaves a value to derive from the data (:func:`resolve_reward`)."""
+    """Whether ``market_config`` leaves a value to derive from the data (:func:`fitdqn.resolve.resolve_for_market`)."""
     return market_config.reward_scale <= 0 or derives_target(market_config)
-
-
-def resolve_reward(config, market: Market):
-    """``config`` with the values it leaves to the data resolved for ``market``: the volatility sizing's target
-    (``market.target_volatility`` under ``market.position_sizing = 'volatility'``: the derived value when it is 0)
-    and then ``market.reward_scale`` (the derived value when it is 0), and what the scale does
-    (:class:`RewardScale`)."""
-    import dataclasses
-
-    m = config.market
-    if derives_target(m):
-        derived = derive_target_volatility(market, config.net.window)
-        config = dataclasses.replace(config, market=dataclasses.replace(m, target_volatility=derived))
-    info = derive_reward_scale(market, config)
-    resolved = dataclasses.replace(config, market=dataclasses.replace(config.market, reward_scale=info.scale))
-    return resolved, info
 
 
 class FuturesEnv:
@@ -261,8 +244,8 @@ class FuturesEnv:
 
     The core constructor takes the device tensors directly (``prices [T, 4]`` open/high/low/close,
     ``atr [T]`` in points, ``features [T, Fm]``) and the bar range ``[first_bar, stop_bar)`` episodes live in
-    (decisions at ``first_bar .. stop_bar - 2``, fills up to ``stop_bar - 1``). Use :meth:`from_market` or
-    :meth:`from_config` for real data. ``sequential=True`` (backtests) starts the first episode of every env
+    (decisions at ``first_bar .. stop_bar - 2``, fills up to ``stop_bar - 1``). Use :meth:`from_config` for
+    real data. ``sequential=True`` (backtests) starts the first episode of every env
     at ``first_bar`` and each next one where the previous ended, wrapping to ``first_bar`` at the split end.
     """
 
@@ -332,7 +315,7 @@ class FuturesEnv:
             raise UserError(f"market.reward must be one of {REWARDS}, got {reward!r}")
         if not reward_scale > 0:
             raise UserError("the reward scale must be positive: resolve market.reward_scale = 0 with "
-                            "fitdqn.market.env.resolve_reward(config, market) first")
+                            "fitdqn.resolve.resolve_for_market(config, market) first")
         self.reward_scale = float(reward_scale)
         self.reward_mode = reward
         if not risk_penalty >= 0:
@@ -340,7 +323,7 @@ class FuturesEnv:
         self.risk_penalty = float(risk_penalty)  # reward r -> r - risk_penalty x r^2 (0: the plain reward)
         if not (math.isfinite(target_volatility) and target_volatility >= 0):
             raise UserError("the volatility sizing's target must be >= 0 (0: positions in contracts); resolve "
-                            "market.target_volatility = 0 with fitdqn.market.env.resolve_reward(config, market)")
+                            "market.target_volatility = 0 with fitdqn.resolve.resolve_for_market(config, market)")
         self.target_volatility = float(target_volatility)  # 0: a level is its contracts
         self.sequential = bool(sequential)
         self.contract = contract
@@ -382,12 +365,32 @@ class FuturesEnv:
 
     # ------------------------------------------------------------------------------------------ builders
     @classmethod
-    def from_market(cls, market: Market, split: str | Split, *, window: int, reward_scale: float, reward: str,
-                    goal_unit: float | None = None, **options: Any) -> FuturesEnv:
-        """An env over one split of a loaded Market (its tensors are shared, not copied). ``options``: the
-        constructor's other keyword arguments (``num_envs``, ``episode_length``, ``max_contracts``,
-        ``branches``, ``seed``, ``sequential``, ...), all of them given; the first bar and the stop bar come from
-        the market, and the goal unit too unless given (a stand-in market whose ATR is not to be read)."""
+    def from_config(
+        cls,
+        config,
+        split: str | Split,
+        *,
+        market: Market | None = None,
+        device=None,
+        num_envs: int | None = None,
+        seed: int | None = None,
+        sequential: bool = False,
+        goal_unit: float | None = None,
+        levels: Sequence[float] | None = None,
+    ) -> FuturesEnv:
+        """The env factory every run part builds its envs with (training, backtests, deploy): an env over ``split``
+        of ``market`` (a split's name, or a :class:`Split` of bars for a range of one's own) as the resolved
+        :class:`fitdqn.config.Config` sets it (``market.*``, ``net.window``, ``net.branches``; ``collect.num_envs``
+        and ``train.seed`` unless given). The market's tensors are shared, not copied (without ``market`` one is
+        loaded from ``config.market`` on ``device``). ``goal_unit``: HER's goal scale when it is known without
+        reading the market's tensors (a stand-in market), else the training split's
+        (:func:`market_goal_unit`); ``levels``: branch 0's contracts where not the config's (an ensemble's means)."""
+        if needs_resolving(config.market):
+            raise UserError("market.reward_scale or market.target_volatility is left to the data: resolve the config "
+                            "with fitdqn.resolve.resolve_for_market(config, market) before building an env")
+        if market is None:
+            market = load_market(config.market, window=config.net.window, device=device)
+        m, window = config.market, config.net.window
         s = market.split(split)
         return cls(
             market.prices,
@@ -396,48 +399,19 @@ class FuturesEnv:
             market.contract,
             first_bar=market.first_bar(s, window),
             stop_bar=s.stop,
-            goal_unit=market_goal_unit(market, window, reward_scale, reward) if goal_unit is None else goal_unit,
-            window=window,
-            reward_scale=reward_scale,
-            reward=reward,
-            **options,
-        )
-
-    @classmethod
-    def from_config(
-        cls,
-        config,
-        split: str,
-        *,
-        market: Market | None = None,
-        device=None,
-        num_envs: int | None = None,
-        seed: int | None = None,
-        sequential: bool = False,
-        goal_unit: float | None = None,
-    ) -> FuturesEnv:
-        """An env from a :class:`fitdqn.config.Config` (``market.*``, ``net.window``, ``net.branches``,
-        ``collect.num_envs``, ``train.seed``); pass ``market`` to share one loaded Market between envs."""
-        if market is None:
-            market = load_market(config.market, window=config.net.window, device=device)
-        if needs_resolving(config.market):  # derived from the training split (host sync, construction only)
-            config, _ = resolve_reward(config, market)
-        m = config.market
-        return cls.from_market(
-            market,
-            split,
             num_envs=config.collect.num_envs if num_envs is None else num_envs,
-            window=config.net.window,
+            window=window,
             episode_length=m.episode_length,
             max_contracts=m.max_contracts,
             reward_scale=m.reward_scale,
             reward=m.reward,
+            risk_penalty=m.risk_penalty,
+            target_volatility=sizing_target(m),
             branches=config.net.branches,
             seed=config.train.seed if seed is None else seed,
             sequential=sequential,
-            goal_unit=goal_unit,
-            risk_penalty=m.risk_penalty,
-            target_volatility=sizing_target(m),
+            goal_unit=market_goal_unit(market, window, m.reward_scale, m.reward) if goal_unit is None else goal_unit,
+            levels=levels,
         )
 
     # ------------------------------------------------------------------------------------------ contract

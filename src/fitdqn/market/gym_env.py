@@ -36,6 +36,7 @@ from fitdqn.market.features import CLIP
 from fitdqn.market.layout import AGENT_FIELDS, NUM_BRANCHES, NUM_FEATURES
 from fitdqn.market.loader import Market, load_market
 from fitdqn.market.observation import build_observation
+from fitdqn.resolve import resolve_for_market
 from fitdqn.transitions import EPISODE_END, TERMINAL
 
 _MARKET_KEYS = (
@@ -76,6 +77,7 @@ def _build_env(
         config = dataclasses.replace(config, net=dataclasses.replace(config.net, window=int(window)))
     if market is None:
         market = load_market(config.market, window=config.net.window, device=device)
+    config, _ = resolve_for_market(config, market)  # the values left to the data, as a run resolves them
     return FuturesEnv.from_config(config, split, market=market, num_envs=num_envs, seed=seed)
 
 
