@@ -274,8 +274,8 @@ class TrainConfig:
     oom_retries: int = knob(4, "times the OOM guard re-plans an epoch (or retries an evaluation or checkpoint) "
                             "that ran out of device memory before the run stops", ge=0)
     threads: int = knob(
-        0, "CPU threads for torch; 0 = auto: OMP_NUM_THREADS if set, else the cores this process may use "
-        "(CPU affinity, capped by a container's CPU quota)", ge=0)
+        0, "CPU threads for torch (a run's config.toml records the count used); 0 = auto: OMP_NUM_THREADS if set, "
+        "else the usable cores the machine's load leaves idle, at least 1", ge=0)
     eval_every: int = knob(0, "epochs between validation backtests (each one may become the reported network); "
                            "0 = auto: every epoch on a GPU, every 5 on the CPU", ge=0)
     patience: int = knob(0, "early stop: end the run when this many validation backtests in a row have not beaten "

@@ -91,6 +91,17 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"fitdqn {__version__} (torch {torch.__version__})"
 
 
+def test_version_and_gpu_profiles_do_not_import_torch():
+    """`fitdqn --version` reads torch's version from its installed metadata and `fitdqn gpu-profiles` reads TOML
+    files: neither imports torch (seconds on a loaded machine)."""
+    script = ("import sys\nfrom fitdqn.cli import main\n"
+              "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
+              "assert main(['gpu-profiles']) == 0\n"
+              "print(sorted(m for m in sys.modules if m == 'torch'), file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stderr.strip() == "[]" and "torch" in done.stdout and "GPU profiles" in done.stdout
+
+
 def test_print_config_prints_the_resolved_toml_and_exits(tmp_path, capsys):
     path = tmp_path / "run.toml"
     path.write_text("[learn]\nlr = 0.003\nn_step = 2\n[market]\ndata = 'synthetic'\n")
@@ -204,7 +215,10 @@ def test_help_all_lists_more_than_help(capsys):
 def test_cpu_threads_rules(tmp_path):
     assert cpu_threads(3, environ={"OMP_NUM_THREADS": "5"}) == 3  # train.threads wins
     assert cpu_threads(0, environ={"OMP_NUM_THREADS": "5"}) == 5  # then OMP_NUM_THREADS
-    assert cpu_threads(0, environ={}, root=tmp_path) == usable_cpus(tmp_path)  # then the usable cores
+    assert cpu_threads(0, environ={}, root=tmp_path, load=0.0) == usable_cpus(tmp_path)  # then the idle cores
+    cores = __import__("os").cpu_count()
+    assert cpu_threads(0, environ={}, root=tmp_path, load=cores + 3.0) == 1  # a busy machine: one thread
+    assert cpu_threads(0, environ={}, root=tmp_path, load=cores - 1.0) == 1  # one core idle: one thread
     assert omp_num_threads({"OMP_NUM_THREADS": "4,2"}) == 4 and omp_num_threads({}) is None
     with pytest.raises(UserError, match="OMP_NUM_THREADS"):
         omp_num_threads({"OMP_NUM_THREADS": "lots"})
@@ -220,7 +234,7 @@ def test_usable_cpus_respects_a_cgroup_quota(tmp_path, cpu_max, cap):
 def test_cli_sets_torch_threads_once_at_start(capsys):
     before = torch.get_num_threads()
     try:
-        assert main(["gpu-profiles", "--train.threads", "2"]) == 0
+        assert main(["plan", "--gpu", "h100", "--train.threads", "2"]) == 0
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

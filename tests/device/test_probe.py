@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fitdqn.device import probe, resolve_device, what_if
+from fitdqn.device.probe import probe, resolve_device, what_if
 from fitdqn.errors import UserError
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from fitdqn.config import Config
-from fitdqn.evaluate.report import judge, metrics_table, split_verdict
+from fitdqn.evaluate.report import judge, metrics_table, split_verdict, units_line
 
 
 def interval(estimate, low, high):
@@ -47,7 +47,7 @@ def test_a_ruined_account_gets_a_note_not_a_sharpe():
     text = split_verdict(r, Config())
     assert "lost the whole account" in text and "step 412 of 750" in text and "Sharpe is" not in text
     table = "\n".join(metrics_table(r, Config()))
-    assert "| agent | 0.100 | - | - |" in table and "note: agent lost the whole account at step 412" in table
+    assert "| agent | 10.0 | - | - |" in table and "note: agent lost the whole account at step 412" in table
 
 
 def test_verdict_and_table_compare_the_agent_with_the_best_rule():
@@ -97,6 +97,16 @@ def test_sharpe_intervals_pair_the_agent_with_each_baseline_and_none_when_ruined
     assert got == {"sharpe_ci": None, "sharpe_minus_buy_and_hold": None, "sharpe_minus_rules": {"ma_crossover": None},
                    "reality_check": None}
     assert "sharpe_minus_rules" not in sharpe_intervals(config, hold, 1e5, 252.0)
+
+
+def test_the_table_and_the_units_line_name_their_units():
+    r = results({"sharpe": 1.8, "sharpe_ci": interval(1.8, 0.6, 3.0)}, None)
+    head = metrics_table(r, Config())[0]
+    assert "return %" in head and "max DD %" in head and "turnover ct/bar" in head and "win %" in head
+    assert "| agent | 10.0 | 1.80 | 0.60 .. 3.00 | 1.00 | 10.0 | 0.100 | 3 | 50 |" in metrics_table(r, Config())
+    line = units_line({**r, "currency": "price units"}, Config())
+    assert line.startswith("Account: capital 100,000 price units (auto:") and "P&L in price units net of" in line
+    assert "% of capital" in line and "contracts traded per bar" in line
 
 
 def test_the_verdict_judges_the_agent_by_the_best_baseline_of_its_sizing():

@@ -200,7 +200,7 @@ def test_auto_contract_on_a_file_fits_a_price_of_1_1(tmp_path):
     market = load_market(config.market, window=4)
     assert market.contract.tick_size == pytest.approx(1e-5) and market.contract.multiplier == 1.0
     assert market_contract(config.market) == market.contract  # the one resolution act/export use too
-    assert any(line.startswith("contract: derived: 1 currency units per price point") for line in market.notes)
+    assert any(line.startswith("contract: derived: 1 price units per price point") for line in market.notes)
     with pytest.raises(UserError) as info:  # the ES-like generic spec on a price of 1.1: refused
         load_market(with_overrides(config, {"market.contract": "generic"}).market, window=4)
     message = str(info.value)

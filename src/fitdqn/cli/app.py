@@ -7,7 +7,7 @@ import argparse
 import difflib
 import signal
 import sys
-from importlib import import_module
+from importlib import import_module, metadata
 
 from fitdqn import __version__
 from fitdqn.cli.common import set_threads
@@ -25,7 +25,7 @@ EXIT_FILE_ERROR = 1
 
 
 class Version(argparse.Action):
-    """``--version``: fitdqn's and torch's versions (torch is imported only when asked, so --help stays fast)."""
+    """``--version``: fitdqn's and torch's versions (torch's from its installed metadata: not imported)."""
 
     def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
@@ -36,9 +36,11 @@ class Version(argparse.Action):
 
 
 def version_text() -> str:
-    import torch  # only for --version: imported when asked, so `fitdqn --help` stays fast
-
-    return f"fitdqn {__version__} (torch {torch.__version__})"
+    try:  # the installed distribution's version, read without importing torch (a second or more)
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"fitdqn {__version__} (torch {torch_version})"
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # argparse's own message, with the options that were probably meant
         command = args.commands[args.command]
         command.error(unknown_options(unknown, command))
-    set_threads(0)  # auto (OMP_NUM_THREADS, else the usable cores); train.threads re-sets it in config_for
+    if getattr(args, "uses_torch", True):  # gpu-profiles reads TOML files only: no torch to import
+        set_threads(0)  # auto (OMP_NUM_THREADS, else the usable cores); train.threads re-sets it in config_for
     args.argv = argv  # for provenance (fitdqn profile writes it)
     try:
         return args.run(args)

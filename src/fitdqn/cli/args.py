@@ -81,7 +81,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, common: tuple[str, ...
     group = parser.add_argument_group("config files")
     group.add_argument("--config", metavar="FILE.toml", help="TOML config file (options given here override it)")
     group.add_argument("--print-config", action=PrintConfig, dest="print_config",
-                       help="print the resolved config (defaults < --config < options) as TOML and exit")
+                       help="print the config as it will run (defaults < --config < options; net.size's widths, "
+                       "threads) as TOML and exit")
     group.add_argument("--help-all", action=HelpAll, help="show every config option, by section, and exit")
     defaults = Config()
     sections = []
@@ -140,6 +141,23 @@ def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Co
     }
     config = with_overrides(config, overrides) if overrides else config
     if getattr(args, "print_config", False):
-        print(dump_config(config), end="")
+        print(dump_config(as_it_will_run(config, args)), end="")
         raise SystemExit(0)
     return config
+
+
+def as_it_will_run(config: Config, args: argparse.Namespace) -> Config:
+    """``--print-config``'s config: every 'auto' the device settles, settled (:func:`fitdqn.resolve.resolve_for_device`:
+    ``net.size = small``'s widths, envs, precision, the learning rate's base batch) for the device the
+    command runs on (``args.device_for(args, config)``, e.g. plan's what-if card; else ``train.device``), and the
+    CPU threads it sets. What the data settles (``market.reward_scale = 0``) is settled when the run starts."""
+    # torch and the planner's tables: imported only for --print-config, so --help stays fast
+    from fitdqn.device.probe import probe
+    from fitdqn.device.threads import cpu_threads
+    from fitdqn.resolve import resolve_for_device
+
+    device_for = getattr(args, "device_for", None)
+    device = device_for(args, config) if device_for else probe(config.train.device)
+    config = resolve_for_device(config, device)
+    return dataclasses.replace(config, train=dataclasses.replace(config.train,
+                                                                 threads=cpu_threads(config.train.threads)))

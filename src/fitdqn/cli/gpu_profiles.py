@@ -8,8 +8,8 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from fitdqn.cli.args import add_config_arguments
-from fitdqn.cli.common import Commands, add_command, config_for
+from fitdqn.cli.args import add_config_arguments, config_from_args
+from fitdqn.cli.common import Commands, add_command
 
 
 def add_parser(commands: Commands) -> argparse.ArgumentParser:
@@ -22,16 +22,16 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
         aliases=("profiles",),
     )
     add_config_arguments(profiles, ("budget.profiles_dir",))
-    profiles.set_defaults(run=run)
+    profiles.set_defaults(run=run, uses_torch=False)  # torch's threads are not set: it is not imported
     return profiles
 
 
 def run(args: argparse.Namespace) -> int:
-    # fitdqn.device imports torch: imported when the command runs, so `fitdqn --help` stays fast
+    # imported when the command runs, so `fitdqn --help` stays fast; neither imports torch
     from fitdqn.device.profiles import load_profiles
     from fitdqn.device.sizes import format_bytes
 
-    config = config_for(args)
+    config = config_from_args(args)
     profiles = load_profiles(config.budget.profiles_dir or None)
     table = Table(title="GPU profiles", title_justify="left")
     for column in ("name", "batch", "matches device names", "memory", "source", "date"):

@@ -38,7 +38,7 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
     calibration.add_argument("--calibrate-batches", metavar="A,B", default=CALIBRATE_BATCHES,
                              help="the two batch sizes to measure the step at (default: %(default)s)")
     add_config_arguments(plan, COMMON_KNOBS)
-    plan.set_defaults(run=run)
+    plan.set_defaults(run=run, device_for=device_from_args)  # --print-config resolves for the what-if card too
     return plan
 
 

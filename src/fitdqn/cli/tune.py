@@ -41,7 +41,8 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
     tune.add_argument("--parallel", type=int, metavar="K", help="trials at once, each its own process: 0 = auto "
                       "(on a GPU as many as their own plans fit in the free memory, each capped at its share; on a "
                       f"CPU one at a time); K caps it, threads split K ways (default: {defaults.parallel})")
-    tune.add_argument("--dir", metavar="DIR", help=f"tune directory (default: {defaults.dir})")
+    tune.add_argument("--out", "--dir", dest="dir", metavar="DIR", help="tune directory, the folder this writes "
+                      f"to (default: {defaults.dir}; --dir is its old name)")
     tune.add_argument("--storage", metavar="URL", help="Optuna storage URL of a shared study, e.g. "
                       "postgresql://user@host/db (default: sqlite file DIR/study.db)")
     tune.add_argument("--report", metavar="DIR", help="run no trial: print the trials of the study in DIR and write "

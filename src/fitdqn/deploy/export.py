@@ -9,7 +9,12 @@ quantiles at ``net.iqn_act_quantiles`` evenly spaced levels in ``(0, learn.cvar_
 those levels at random: the same CVaR, without the noise); ``'mean_variance'`` picks the best C51 mean minus
 ``learn.risk_aversion`` x C51 variance, as the learner does. The networks' ``fitdqn::`` operators are exported as
 their plain maths (:mod:`fitdqn.ops.decompositions`). The metadata (``fitdqn.json`` in the archive) says how
-to read the actions: target positions in contracts, stop and take-profit ATR multiples, the observation layout.
+to read the actions: target positions in contracts, stop and take-profit ATR multiples, the observation layout,
+and what a program outside fitdqn needs to build ``obs`` itself and check it: every feature's formula and windows
+(``features``, read from :func:`fitdqn.market.features.feature_columns` itself), how the tokens are assembled
+(``observation``), and a reference observation of the run's last bar with the program's output for it
+(``reference``). The program takes a batch; a single observation is ``obs[None]`` (a ``[W, S]`` tensor is refused
+by the program's input check).
 
 A study exports its ensemble (:mod:`fitdqn.evaluate.ensemble`): the members' acting networks in one program that
 returns ``(actions [B, 3], q [B, M, 3, n])``, branch 0 indexing the ensemble's mean positions (the metadata's
@@ -18,7 +23,10 @@ returns ``(actions [B, 3], q [B, M, 3, n])``, branch 0 indexing the ensemble's m
 
 from __future__ import annotations
 
+import ast
+import copy
 import dataclasses
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -31,6 +39,7 @@ from fitdqn.deploy.policy import RunPolicy
 from fitdqn.errors import UserError
 from fitdqn.evaluate.ensemble import BRACKET_RULE, combine
 from fitdqn.files import atomic_write_rendered
+from fitdqn.market import features as market_features
 from fitdqn.market.env import AGENT_FIELDS, STOP_ATR, TAKE_PROFIT_ATR, position_levels, sizing_target
 from fitdqn.market.features import FEATURE_NAMES
 from fitdqn.nets.qnet import QNetwork
@@ -126,6 +135,124 @@ def metadata(policy: RunPolicy) -> dict[str, Any]:
     }
 
 
+# the helpers feature_columns calls, whose source the metadata carries (each is a few lines of torch)
+FEATURE_HELPERS = ("_nan", "shift", "rolling", "rolling_mean", "rolling_sum", "rolling_std", "rolling_max",
+                   "rolling_min", "rolling_zscore", "_rolling_skew", "rolling_corr", "linear_recurrence",
+                   "seeded_ema", "sma", "ema", "wilder", "true_range", "atr", "rsi", "macd", "calendar_fields")
+
+
+class _Bound(ast.NodeTransformer):
+    """Replaces loop variables by their values in one pass of a ``for`` loop over literal or named constants."""
+
+    def __init__(self, values: dict[str, ast.expr]) -> None:
+        self.values = values
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        return self.values.get(node.id, node) if isinstance(node.ctx, ast.Load) else node
+
+
+def _loop_values(loop: ast.For) -> list[dict[str, ast.expr]]:
+    """The loop's bindings per pass: ``for n in (7, 14)``, ``for n in SMA_PERIODS``, ``for name, x in ((..), ..)``."""
+    items = loop.iter
+    if isinstance(items, ast.Name):
+        items = ast.parse(repr(tuple(getattr(market_features, items.id))), mode="eval").body
+    names = [t.id for t in (loop.target.elts if isinstance(loop.target, ast.Tuple) else [loop.target])]
+    passes = []
+    for item in items.elts:
+        values = item.elts if isinstance(item, ast.Tuple) and len(names) > 1 else [item]
+        passes.append(dict(zip(names, values, strict=True)))
+    return passes
+
+
+def feature_definitions() -> tuple[dict[str, str], dict[str, str]]:
+    """Every market feature as its formula, read from :func:`fitdqn.market.features.feature_columns` (so it is the
+    code that runs): ``({name: expression}, {term: expression})``, the expressions over the bars (``o h low c v``:
+    open, high, low, close, volume, float64) and the terms (``v20``, ``atr14``, ...), loops unrolled."""
+    tree = ast.parse(inspect.getsource(market_features.feature_columns))
+    body = tree.body[0].body
+    formulas: dict[str, str] = {}
+    terms: dict[str, str] = {}
+
+    def visit(statements: list[ast.stmt], bound: dict[str, ast.expr]) -> None:
+        bound = dict(bound)  # a loop's own terms (top, bottom = ... per pass) are written into its formulas
+        for statement in statements:
+            if isinstance(statement, ast.For):
+                for values in _loop_values(statement):
+                    visit(statement.body, {**bound, **values})
+            elif isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+                target = statement.targets[0]
+                node = _Bound(bound).visit(copy.deepcopy(statement.value))
+                if isinstance(target, ast.Subscript) and ast.unparse(target.value) == "f":
+                    key = _Bound(bound).visit(copy.deepcopy(target.slice))
+                    formulas[eval(compile(ast.Expression(key), "<feature>", "eval"))] = ast.unparse(node)  # a name
+                elif bound and isinstance(target, ast.Tuple) and isinstance(node, ast.Tuple):
+                    bound.update({t.id: ast.parse(f"({ast.unparse(v)})", mode="eval").body
+                                  for t, v in zip(target.elts, node.elts, strict=True)})
+                elif bound and isinstance(target, ast.Name):
+                    bound[target.id] = node
+                elif ast.unparse(target) != "f":
+                    terms[ast.unparse(target)] = ast.unparse(node)
+
+    visit(body, {})
+    return formulas, terms
+
+
+def features_metadata() -> dict[str, Any]:
+    """What a program needs to compute the market features without fitdqn (:func:`feature_definitions`): run
+    ``prelude`` and ``helpers``, set ``b`` to the bars (``terms['b']``), then ``terms`` in order, then ``formulas``;
+    then the ``rules``."""
+    formulas, terms = feature_definitions()
+    windows = ("RETURN_HORIZONS", "LAGS", "SMA_PERIODS", "EMA_PERIODS", "CHANNELS", "LONG", "_ROLL_CHUNK",
+               "_SCAN_CHUNK")
+    prelude = "import math\n\nimport torch\nfrom torch import Tensor\n\n" + "".join(
+        f"{name} = {getattr(market_features, name)!r}\n" for name in windows)
+    return {
+        "names": list(FEATURE_NAMES),
+        "formulas": formulas,
+        "terms": {**terms, "b": "the bars as float64 tensors [T]: b['open'], b['high'], b['low'], b['close'], "
+                                "b['volume'] (0 without volume); b['ns']: int64 epoch nanoseconds of the bars' "
+                                "wall times"},
+        "windows": {name.lower(): getattr(market_features, name) for name in windows if not name.startswith("_")},
+        "rules": f"row t uses bars <= t only; computed in float64, stored as float32; every value clipped to "
+                 f"[-{market_features.CLIP:g}, {market_features.CLIP:g}], NaN (too little history, 0/0) to 0, +-inf "
+                 f"to the clip's end of its sign; rows before {market_features.WARMUP} are 0; the volume features "
+                 "are 0 for bars without volume",
+        "volume_features": list(market_features.VOLUME_FEATURES),
+        "warmup": market_features.WARMUP,
+        "clip": market_features.CLIP,
+        "prelude": prelude,
+        "helpers": {name: inspect.getsource(getattr(market_features, name)) for name in FEATURE_HELPERS},
+    }
+
+
+def observation_metadata(window: int) -> dict[str, Any]:
+    return {
+        "shape": ["batch", window, len(FEATURE_NAMES) + len(AGENT_FIELDS)],
+        "token": f"token k (0..{window - 1}) = concat(features[bar - {window - 1} + k], agent state): the last token "
+                 "is the decision bar",
+        "agent_fields": list(AGENT_FIELDS),
+        "single": "the program takes a batch: one observation [W, S] is obs[None] ([1, W, S])",
+    }
+
+
+def reference_case(policy: RunPolicy, program: torch.export.ExportedProgram) -> dict[str, Any]:
+    """A real observation (the run's last bar, flat, the episode ahead) and what the program returns for it: a
+    program that builds ``obs`` itself checks its features and its runtime against these."""
+    from fitdqn.market.loader import load_market
+    from fitdqn.market.observation import build_observation
+
+    window = policy.config.net.window
+    market = load_market(policy.config.market, window=window, device="cpu")
+    agent = torch.zeros(1, len(AGENT_FIELDS))  # [1, Fa]: no position, nothing open
+    agent[0, AGENT_FIELDS.index("episode_left")] = 1.0
+    last = market.features.shape[0] - 1
+    obs = build_observation(market.features, torch.tensor([last]), agent, window)  # [1, W, S]
+    with torch.no_grad():
+        actions, q = program.module()(obs)
+    return {"bar_time": str(market.bars["timestamp"].iloc[last]), "obs": obs.tolist(), "actions": actions.tolist(),
+            "q": q.tolist()}
+
+
 def export_policy(policy: RunPolicy, out: str | Path, example_batch: int = 2) -> Path:
     """``torch.export`` the acting network with a dynamic batch and save it with its metadata to ``out``."""
     out = Path(out)
@@ -139,7 +266,9 @@ def export_policy(policy: RunPolicy, out: str | Path, example_batch: int = 2) ->
     with torch.no_grad():
         program = torch.export.export(module, (example,), dynamic_shapes={"obs": {0: batch}})
         program = program.run_decompositions(plain_decompositions())  # plain ATen ops: no fitdqn:: operator
-    return save_program(program, out, metadata(policy))
+    standalone = {"features": features_metadata(), "observation": observation_metadata(net.window),
+                  "reference": reference_case(policy, program)}
+    return save_program(program, out, {**metadata(policy), **standalone})
 
 
 def save_program(program: torch.export.ExportedProgram, out: str | Path, info: dict[str, Any]) -> Path:

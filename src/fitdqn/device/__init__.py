@@ -1,10 +1,15 @@
-"""What the device is, how much is free, and the tested GPU profiles."""
+"""What the device is, how much is free, and the tested GPU profiles.
 
-from fitdqn.device.probe import DeviceInfo, probe, resolve_device, what_if
-from fitdqn.device.profiles import Profile, load_profiles, match_profile
-from fitdqn.device.sizes import format_bytes, parse_size
+Names load on first use (:mod:`fitdqn.lazy`): the profiles and sizes need no torch, so ``fitdqn gpu-profiles``
+runs without importing it."""
 
-__all__ = [
-    "DeviceInfo", "Profile", "format_bytes", "load_profiles", "match_profile", "parse_size", "probe",
-    "resolve_device", "what_if",
-]
+from fitdqn.lazy import lazy_names
+
+_HOMES = {
+    "DeviceInfo": "probe", "resolve_device": "probe", "what_if": "probe",  # probe(): fitdqn.device.probe.probe
+    "Profile": "profiles", "load_profiles": "profiles", "match_profile": "profiles",
+    "format_bytes": "sizes", "parse_size": "sizes",
+}
+
+__all__ = sorted(_HOMES)
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())

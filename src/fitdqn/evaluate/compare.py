@@ -136,7 +136,7 @@ def evaluate_split(learner: Learner, market: Market, config: Config, split: str,
         "first_time": time_text(stamps[0]) if len(stamps) else None,
         "last_time": time_text(stamps[-1]) if len(stamps) else None,
         "capital": capital,
-        "currency": market.contract.currency,
+        "currency": market.contract.unit,  # "price units" for a contract without a currency
         "periods_per_year": per_year,
         "segments": agent.segments,
         "hold_contracts": agent.hold_contracts,

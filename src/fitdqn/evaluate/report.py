@@ -60,6 +60,11 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def percent(fraction: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage (0.034 -> '3.4'), '-' for None."""
+    return "-" if fraction is None else f"{100 * fraction:.{digits}f}"
+
+
 def fmt_ci(ci: dict[str, Any] | None) -> str:
     if not ci or ci.get("low") is None or ci.get("high") is None:
         return "-"
@@ -68,8 +73,8 @@ def fmt_ci(ci: dict[str, Any] | None) -> str:
 
 def contract_line(contract: ContractSpec) -> str:
     c = contract
-    text = (f"{c.name}{f' ({c.description})' if c.description else ''}: {c.multiplier:g} {c.currency} per point "
-            f"per contract, tick {c.tick_size:g}, commission {c.commission:g} {c.currency} per contract per fill, "
+    text = (f"{c.name}{f' ({c.description})' if c.description else ''}: {c.multiplier:g} {c.unit} per point "
+            f"per contract, tick {c.tick_size:g}, commission {c.commission:g} {c.unit} per contract per fill, "
             f"slippage {c.slippage_ticks:g} tick(s) on market and stop fills")
     return text
 
@@ -185,7 +190,7 @@ def table_order(names: list[str]) -> list[str]:
 
 
 def metrics_table(results: dict[str, Any], config: Config) -> list[str]:
-    head = "| policy | return | Sharpe | interval | Sortino | max DD | turnover | trades | win |"
+    head = "| policy | return % | Sharpe | interval | Sortino | max DD % | turnover ct/bar | trades | win % |"
     lines = [head, "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     unusable = results.get("not_applicable", {})
     for name in table_order([*results.get("policies", ("agent",)), *unusable]):
@@ -193,9 +198,9 @@ def metrics_table(results: dict[str, Any], config: Config) -> list[str]:
             lines.append(f"| {policy_label(name, config)} | n/a |" + " |" * 7)
             continue
         row = results[name]
-        cells = [fmt(row.get("total_return")), fmt(row.get("sharpe"), 2), fmt_ci(row.get("sharpe_ci")),
-                 fmt(row.get("sortino"), 2), fmt(row.get("max_drawdown")), fmt(row.get("turnover")),
-                 fmt(row.get("trades"), 0), fmt(row.get("win_rate"), 2)]
+        cells = [percent(row.get("total_return")), fmt(row.get("sharpe"), 2), fmt_ci(row.get("sharpe_ci")),
+                 fmt(row.get("sortino"), 2), percent(row.get("max_drawdown")), fmt(row.get("turnover")),
+                 fmt(row.get("trades"), 0), percent(row.get("win_rate"), 0)]
         lines.append(f"| {policy_label(name, config)} | " + " | ".join(cells) + " |")
     lines += difference_lines(results["agent"], config)
     lines += reality_lines(results["agent"].get("reality_check"))
@@ -213,7 +218,9 @@ def units_line(results: dict[str, Any], config: Config) -> str:
     e = config.evaluate
     return (f"Account: capital {results['capital']:,.0f} {results['currency']}"
             f"{f' (auto: the notional of {config.market.max_contracts} contracts at the split start)' if auto else ''}"
-            f"; P&L in {results['currency']} net of costs; returns per bar on equity; Sharpe annualised at "
+            f"; P&L in {results['currency']} net of costs; return: total over the split, % of capital; max DD: "
+            "largest fall of equity from a peak, % of that peak; turnover: contracts traded per bar; win: % of "
+            f"closed trades with a profit; Sharpe of the per-bar returns on equity, annualised at "
             f"{results['periods_per_year']:g} bars a year; intervals: {100 * e.confidence:g} %, stationary block "
             f"bootstrap, {e.bootstrap_samples} resamples.")
 
@@ -236,7 +243,9 @@ def run_markdown(report: dict[str, Any], config: Config) -> str:
              + f"; trained on {report['train_bars'][0]} .. {report['train_bars'][1]}.", "",
              "Contract: " + contract_line_from(report), "", units_line(test, config), "",
              f"Training: {report['epochs']} epochs, {report['updates']} updates at batch {report['batch_size']} "
-             f"({report['batch_source']}) on {report['device']}; planned memory {report['planned_memory']}.", "",
+             f"({report['batch_source']}) on {report['device']}"
+             + (f" with {report['threads']} CPU thread(s)" if report.get("threads") else "")
+             + f"; planned memory {report['planned_memory']}.", "",
              selection_line(report["selection"]), ""]
     code = report.get("code")
     if code:

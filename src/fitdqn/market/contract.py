@@ -23,6 +23,7 @@ from fitdqn.errors import UserError
 if TYPE_CHECKING:  # bars come as frames; the env and the planner import this module without pandas
     import pandas as pd
 
+PRICE_UNITS = "price units"  # the unit of a spec without a currency (ContractSpec.unit)
 CONTRACTS_PACKAGE = "fitdqn.market"
 CONTRACTS_DIR = "contracts"
 
@@ -60,9 +61,15 @@ class ContractSpec:
                 raise UserError(f"{source}: {key} = {value!r}; it must be {rule}; fix the spec")
 
     @property
+    def unit(self) -> str:
+        """What P&L is counted in: the currency, or "price units" for a spec without one (a spec derived from
+        the prices: multiplier 1, so P&L in the price's own units)."""
+        return self.currency or PRICE_UNITS
+
+    @property
     def summary(self) -> str:
         """One line naming the spec and every number it trades with (for plans and reports)."""
-        unit = self.currency or "currency units"
+        unit = self.unit
         text = (
             f"{self.name}: {self.multiplier:g} {unit} per price point, tick {self.tick_size:g}, commission "
             f"{self.commission:.4g} {unit} + slippage {self.slippage_ticks:.4g} tick(s) per contract per fill "

@@ -32,7 +32,14 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from fitdqn.config import Config, TrainConfig, load_run_config, validate
 from fitdqn.device.probe import probe, resolve_device
@@ -424,8 +431,9 @@ def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, 
     agree at each epoch's end on whether to stop (so all stop at the same epoch)."""
     main = job is None or job.main
     deadline = time.monotonic() + 60 * config.train.minutes if config.train.minutes > 0 else None
-    with stop.graceful(), progress_bar(console) as progress:
-        task = progress.add_task("train", total=config.train.epochs, completed=trainer.epoch, status="")
+    started, first_epoch = time.monotonic(), trainer.epoch
+    with stop.graceful(), progress_bar(console) as progress, updates_bar(trainer, progress):
+        task = progress.add_task("epoch", total=config.train.epochs, completed=trainer.epoch, status="")
         while trainer.epoch < config.train.epochs:
             stats = guard.run_epoch()
             record = {"epoch": stats.epoch, "updates": stats.updates, "seconds": stats.seconds, **stats.values}
@@ -440,7 +448,9 @@ def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, 
             logger.log(stats.epoch, "epoch", record)
             progress.update(task, completed=stats.epoch, status=status_line(record))
             if not console.is_terminal:  # logs and pipes get one line per epoch instead of a live bar
-                console.print(f"epoch {stats.epoch}/{config.train.epochs}  {status_line(record)}", highlight=False)
+                left = (time.monotonic() - started) / (stats.epoch - first_epoch) * (config.train.epochs - stats.epoch)
+                console.print(f"epoch {stats.epoch}/{config.train.epochs}  {status_line(record)}  "
+                              f"ETA {time_text_of(left)}", highlight=False)
             last = stats.epoch == config.train.epochs  # the final checkpoint follows the loop
             signalled = stop.signum is not None
             ended = on_epoch is not None and on_epoch(record)
@@ -471,9 +481,31 @@ def run_loop(trainer: Trainer, config: Config, run_dir: Path, console: Console, 
 
 def progress_bar(console: Console) -> Progress:
     return Progress(
-        TextColumn("[bold]epoch"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[status]}"), console=console, transient=False,
+        TextColumn("[bold]{task.description}"), MofNCompleteColumn(), BarColumn(bar_width=20), TimeElapsedColumn(),
+        TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console,
+        transient=False,
     )
+
+
+@contextlib.contextmanager
+def updates_bar(trainer: Trainer, progress: Progress):
+    """The run's updates as a second bar, moved after every update: the ETA within an epoch (removed at the end:
+    the epochs' bar is the one left on the screen or in the log)."""
+    task = progress.add_task("update", total=trainer.schedule.updates, completed=trainer.updates_done, status="")
+    trainer.on_update = lambda: progress.update(task, completed=trainer.updates_done,
+                                                total=max(trainer.schedule.updates, trainer.updates_done))
+    try:
+        yield
+    finally:
+        trainer.on_update = None
+        progress.remove_task(task)
+
+
+def time_text_of(seconds: float) -> str:
+    """``1:02:03`` / ``2:03``: a duration for a log line."""
+    minutes, second = divmod(int(round(seconds)), 60)
+    hours, minute = divmod(minutes, 60)
+    return f"{hours}:{minute:02d}:{second:02d}" if hours else f"{minute}:{second:02d}"
 
 
 def status_line(record: dict[str, Any]) -> str:
@@ -554,6 +586,9 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
     on validation and test beside the baselines; report.json, report.md, test_pnl.csv and plots."""
     config = trainer.config
     market = trainer.market_on_device
+    console.print(f"final evaluation: the chosen network and the baselines on validation and test, "
+                  f"{config.evaluate.bootstrap_samples} bootstrap resamples for the intervals, the plots",
+                  style="dim", highlight=False, soft_wrap=True)
     selection = select_network(trainer, run_dir)
     bars = market.bars["timestamp"]
     report: dict[str, Any] = {
@@ -565,7 +600,7 @@ def final_report(trainer: Trainer, run_dir: Path, console: Console) -> dict[str,
         "epochs": trainer.epoch, "updates": trainer.updates_done, "batch_size": trainer.batch_size,
         "env_steps": trainer.env_steps_done, "samples": trainer.samples_done,
         "schedule": trainer.schedule.to_json(), "reward": trainer.reward_info.describe(),
-        "batch_source": trainer.plan.batch_source, "device": trainer.device_info.name,
+        "batch_source": trainer.plan.batch_source, "device": trainer.device_info.name, "threads": config.train.threads,
         "planned_memory": f"{format_bytes(trainer.plan.planned_bytes)} of "
                           f"{format_bytes(trainer.plan.device.free_bytes or 0)} free",
         "selection": selection, "code": code_record(),

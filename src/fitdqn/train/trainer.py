@@ -10,7 +10,9 @@ step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,8 @@ class Trainer:
         self.market = market or load_market(config.market, window=config.net.window, device="cpu")
         # every 'auto' settled once (the reward scale from the training split): the run's config keeps them
         config, self.reward_info = resolve_run(config, self.device_info, self.market)  # reward_info: for the report
+        # the CPU threads torch runs with (the CLI sets them from train.threads), so config.toml can repeat the run
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, threads=torch.get_num_threads()))
         self.config = config
         # a rank of a torchrun job budgets its all-reduce and NCCL's memory too
         self.plan_inputs = PlanInputs.from_market(self.market, world_size_of())
@@ -83,6 +87,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.pending: dict[str, Any] | None = None  # an epoch whose updates an OOM interrupted
         self.oom_batch_size: int | None = None  # the batch the OOM guard settled on (kept by checkpoints)
+        self.on_update: Callable[[], None] | None = None  # called after each update of an epoch (a progress bar)
 
     # ---------------------------------------------------------------- allocation, in plan order
     def _allocate(self) -> None:
@@ -199,6 +204,8 @@ class Trainer:
                 done = self.train_updates(1)
                 self.pending["updates"] += done
                 self.samples_done += done * self.batch_size  # the budget counts the epochs' updates only
+                if self.on_update is not None:
+                    self.on_update()
         updates = self.pending["updates"]
         self.pending = None
         values = ({key: float(v) / updates for key, v in self.system.stat_sums.items()}  # host sync

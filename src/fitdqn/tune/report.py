@@ -32,7 +32,7 @@ def load_study_of(tune_dir: Path, tune: TuneConfig) -> optuna.Study:
     else:
         path = tune_dir / STUDY_FILE
         if not path.is_file():
-            raise UserError(f"'{tune_dir}' has no {STUDY_FILE}: not a tune directory (fitdqn tune --dir DIR makes "
+            raise UserError(f"'{tune_dir}' has no {STUDY_FILE}: not a tune directory (fitdqn tune --out DIR makes "
                             "one), or give the study's --storage URL")
         url = f"sqlite:///{path.resolve()}"
     storage = open_storage(url)

@@ -127,7 +127,7 @@ def check_trials_dir(study: optuna.Study, tune_dir: Path) -> None:
     trials_dir = tune_dir / TRIALS_DIR
     if not study.get_trials(deepcopy=False) and trials_dir.is_dir() and any(trials_dir.iterdir()):
         raise UserError(f"'{trials_dir}' holds trials of another study (study '{study.study_name}' in the storage "
-                        "is new): give another --dir, or move that directory away")
+                        "is new): give another --out, or move that directory away")
 
 
 def format_params(params: dict[str, Any]) -> str:

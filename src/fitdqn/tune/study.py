@@ -124,7 +124,7 @@ def open_study(base: Config, space: SearchSpace, storage: RDBStorage) -> optuna.
 
 def check_same_study(study: optuna.Study, identity: dict[str, str]) -> None:
     saved = study.user_attrs
-    hint = "give a new --dir (or --tune.study NAME) for a new study"
+    hint = "give a new --out (or --tune.study NAME) for a new study"
     if saved.get("objective") != identity["objective"]:
         raise UserError(f"study '{study.study_name}' maximises {saved.get('objective')}, not "
                         f"{identity['objective']}: {hint}")
