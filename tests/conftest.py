@@ -1,9 +1,17 @@
-"""The fixtures the test folders share: a small run's config writing into the test's temporary folder."""
+"""The fixtures the test folders share: a small run's config writing into the test's temporary folder.
 
-import pytest
-from support.small_run import SMALL_RUN
+The suite runs torch on one CPU thread (``OMP_NUM_THREADS``, unless set), in this process and in every command a
+test starts: ``train.threads = 0`` otherwise takes the cores the machine's load leaves idle, and runs a test compares
+would then differ with the load (a sum over 1 or 2 threads rounds differently)."""
 
-from fitdqn.config import Config, with_overrides
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch sizes its thread pool
+
+import pytest  # noqa: E402
+from support.small_run import SMALL_RUN  # noqa: E402
+
+from fitdqn.config import Config, with_overrides  # noqa: E402
 
 # the trainer's tests: 4 epochs validated every 2nd, one sample drawn per transition, at least one update
 SMALL = {**SMALL_RUN, "train.epochs": 4, "train.eval_every": 2, "train.sample_reuse": 1.0, "train.min_updates": 1}
