@@ -13,7 +13,7 @@ import pytest
 
 from fitdqn.config import Config, LearnConfig, MarketConfig, knob_choices
 
-PACKAGES = ("replay", "market", "collect", "learn", "nets", "evaluate", "deploy")
+PACKAGES = ("replay", "market", "collect", "learn", "nets", "evaluate", "deploy", "gym_env")
 
 # parameters that carry a knob's value under another name
 ALIASES = {
@@ -37,14 +37,14 @@ ALLOWED = {
     ("fitdqn.market.features.compute_features", "device"): "None: the CPU",
     ("fitdqn.market.loader.market_from_bars", "device"): "None: the CPU",
     ("fitdqn.market.loader.load_market", "device"): "None: the CPU",
-    ("fitdqn.market.gym_env.FuturesGymEnv.__init__", "window"): "gymnasium kwargs; None: net.window",
-    ("fitdqn.market.gym_env.FuturesGymEnv.__init__", "device"): "gymnasium kwargs; None: the market's (CPU)",
-    ("fitdqn.market.gym_env.FuturesGymEnv.__init__", "seed"): "gymnasium kwargs; None: train.seed",
-    ("fitdqn.market.gym_env.FuturesGymEnv.reset", "seed"): "gymnasium API: None = no reseed",
-    ("fitdqn.market.gym_env.FuturesVectorEnv.__init__", "window"): "gymnasium kwargs; None: net.window",
-    ("fitdqn.market.gym_env.FuturesVectorEnv.__init__", "device"): "gymnasium kwargs; None: the market's (CPU)",
-    ("fitdqn.market.gym_env.FuturesVectorEnv.__init__", "seed"): "gymnasium kwargs; None: train.seed",
-    ("fitdqn.market.gym_env.FuturesVectorEnv.reset", "seed"): "gymnasium API: None = no reseed",
+    ("fitdqn.gym_env.FuturesGymEnv.__init__", "window"): "gymnasium kwargs; None: net.window",
+    ("fitdqn.gym_env.FuturesGymEnv.__init__", "device"): "gymnasium kwargs; None: the market's (CPU)",
+    ("fitdqn.gym_env.FuturesGymEnv.__init__", "seed"): "gymnasium kwargs; None: train.seed",
+    ("fitdqn.gym_env.FuturesGymEnv.reset", "seed"): "gymnasium API: None = no reseed",
+    ("fitdqn.gym_env.FuturesVectorEnv.__init__", "window"): "gymnasium kwargs; None: net.window",
+    ("fitdqn.gym_env.FuturesVectorEnv.__init__", "device"): "gymnasium kwargs; None: the market's (CPU)",
+    ("fitdqn.gym_env.FuturesVectorEnv.__init__", "seed"): "gymnasium kwargs; None: train.seed",
+    ("fitdqn.gym_env.FuturesVectorEnv.reset", "seed"): "gymnasium API: None = no reseed",
     ("fitdqn.replay.buffer.ReplayBuffer.from_config", "num_envs"): "None: collect.num_envs",
     ("fitdqn.evaluate.backtest.evaluate_config", "device"): "None: the CPU, or the given market's device",
 }
@@ -64,7 +64,7 @@ def modules() -> Iterator[object]:
     for package in PACKAGES:
         root = importlib.import_module(f"fitdqn.{package}")
         yield root
-        for info in pkgutil.walk_packages(root.__path__, f"{root.__name__}."):
+        for info in pkgutil.walk_packages(getattr(root, "__path__", []), f"{root.__name__}."):  # a module: itself
             try:
                 yield importlib.import_module(info.name)
             except ImportError:  # an optional dependency (Triton) missing

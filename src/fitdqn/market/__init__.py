@@ -14,8 +14,8 @@ GYM_ID = "fitdqn/Futures-v0"
 if GYM_ID not in gymnasium.registry:
     gymnasium.register(
         id=GYM_ID,
-        entry_point="fitdqn.market.gym_env:FuturesGymEnv",
-        vector_entry_point="fitdqn.market.gym_env:FuturesVectorEnv",
+        entry_point="fitdqn.gym_env:FuturesGymEnv",
+        vector_entry_point="fitdqn.gym_env:FuturesVectorEnv",
     )
 
 _HOMES = {

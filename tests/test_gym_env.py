@@ -12,7 +12,7 @@ from gymnasium.vector import AutoresetMode
 
 import fitdqn.market  # noqa: F401  (registers fitdqn/Futures-v0)
 from fitdqn.config import Config, with_overrides
-from fitdqn.market.gym_env import FuturesGymEnv, FuturesVectorEnv
+from fitdqn.gym_env import FuturesGymEnv, FuturesVectorEnv
 
 
 @pytest.fixture(scope="module")
