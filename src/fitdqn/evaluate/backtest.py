@@ -17,7 +17,7 @@ records at a device counter); a :data:`PassRunner` runs it to its end: :func:`ru
 as a CUDA graph.
 
 Rules (:class:`BarRule`, their actions per bar decided in advance) are batched further:
-:func:`run_rule_backtests` steps P rules' K segments each as the P x K envs of one env, every env's action
+:func:`rules_pass` steps P rules' K segments each as the P x K envs of one env, every env's action
 looked up in the stacked ``[P, T, 3]`` action table at (its rule, its bar), and splits the records back into
 one Backtest per rule, equal bit for bit to the rule's own :func:`run_backtest` (the step is elementwise per
 env). :func:`evaluate_rules` keeps a pass within ``evaluate.segments`` envs (``segments // K`` rules a pass).
@@ -279,25 +279,8 @@ def _assemble(env: FuturesEnv, host: dict[str, np.ndarray], prices: np.ndarray, 
     )
 
 
-def run_rule_backtests(
-    env: FuturesEnv,
-    rules: Sequence[BarRule],
-    *,
-    split: str,
-    timestamps: np.ndarray | None,
-    progress: Progress_ = None,
-) -> list[Backtest]:
-    """Backtest P ``rules`` in ONE pass of a sequential env of P x K envs: env ``p * K + k`` is rule p's
-    segment k, started where :func:`run_backtest` on a K-env env starts it, its action looked up in the
-    stacked ``[P, T, 3]`` action table at (rule p, its bar). Every step is elementwise per env, so each
-    returned Backtest (in ``rules`` order) equals rule p's lone :func:`run_backtest` bit for bit. One host
-    sync, at the end. Build the env with ``num_envs = P x K`` (:func:`segment_layout`'s K)."""
-    run = run_eagerly(None, lambda: rules_pass(env, rules), label=f"rules {split}", progress=progress)
-    return pass_results(run, split=split, timestamps=timestamps)
-
-
 def rules_pass(env: FuturesEnv, rules: Sequence[BarRule]) -> SegmentPass:
-    """The pass of :func:`run_rule_backtests`: group p is rule p."""
+    """The pass of P rules in one env of P x K envs: group p is rule p."""
     P = len(rules)
     if P < 1 or env.num_envs % P:
         raise ValueError(f"an env of {env.num_envs} envs for {P} rules: build it with P x K envs")
@@ -368,7 +351,7 @@ def evaluate_rules(rules: Sequence[BarRule], market: Market, split: str, sizes: 
                    goal: float | None = None, progress: Progress_ = None, runner: PassRunner = run_eagerly
                    ) -> list[Backtest]:
     """:func:`evaluate_policy` for every rule of ``rules`` (in order), the rules batched into passes of
-    :func:`run_rule_backtests`: each rule keeps the K segments of its lone backtest, and a pass steps at
+    :func:`rules_pass`: each rule keeps the K segments of its lone backtest, and a pass steps at
     most ``segments`` envs (``segments // K`` rules; the env state is a few floats per env). A pass is keyed by
     its rules' names for a ``runner`` that keeps passes."""
     if not rules:

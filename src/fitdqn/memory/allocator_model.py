@@ -375,11 +375,6 @@ class PoolUsage:
     allocations: int
     segments: int
 
-    @property
-    def waste_bytes(self) -> int:
-        """Reserved beyond the live peak: segment sizes, page rounding, fragmentation."""
-        return self.reserved_bytes - self.peak_requested_bytes
-
 
 def replay_events(events: Iterable[AllocEvent | tuple[str, int, int]], expandable: bool = True,
                   page_bytes: tuple[int, int] | None = None) -> PoolUsage:

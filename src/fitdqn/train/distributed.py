@@ -41,7 +41,6 @@ import torch.distributed as dist
 from fitdqn.config import SEED_MAX, Config, TrainConfig
 from fitdqn.errors import UserError
 
-TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 RANK_SEED_STRIDE = 1_000_003  # rank r seeds with seed + r x this (a prime far from the +1, +2 of the generators)
 WORLD_SIZE_KEY = "world_size"  # what a checkpoint records
 
@@ -144,9 +143,6 @@ class Distributed:
         return GradientAllReduce(params, self)
 
     # ------------------------------------------------------------ checkpoints
-    def check_resume(self, state: Mapping[str, Any], run_dir: Any) -> None:
-        check_world_size(state, self.world_size, run_dir)
-
     def reseed(self, trainer: Any) -> None:
         """After a resume, ranks other than 0 (which loaded rank 0's checkpoint) draw their own numbers again."""
         if self.main:

@@ -25,7 +25,7 @@ from fitdqn.device.graphs import capture_graph
 from fitdqn.device.probe import DeviceInfo, probe
 from fitdqn.errors import UserError
 from fitdqn.evaluate.backtest_graphs import BacktestGraphs
-from fitdqn.files import CHECKPOINT_NAME, atomic_write_text
+from fitdqn.files import atomic_write_text
 from fitdqn.learn.schedule import Schedule, updates_owed
 from fitdqn.market.layout import env_state_bytes, market_bytes
 from fitdqn.market.loader import Market, load_market
@@ -33,7 +33,6 @@ from fitdqn.plan.build import PlanInputs, plan_for_device
 from fitdqn.plan.planner import Plan
 from fitdqn.resolve import resolve_run
 from fitdqn.system import build_system
-from fitdqn.train.checkpoint import load_checkpoint, save_checkpoint
 from fitdqn.train.distributed import current_job, world_size_of
 from fitdqn.train.memory_check import AllocationLedger
 
@@ -276,12 +275,6 @@ class Trainer:
         if state.get("oom_batch_size"):  # the OOM guard's batch outlives the process (never above this plan's)
             self.oom_batch_size = min(int(state["oom_batch_size"]), self.plan.batch_size)
             self.set_batch_size(self.oom_batch_size)
-
-    def save(self, run_dir: Path) -> Path:
-        return save_checkpoint(run_dir / CHECKPOINT_NAME, self.state_dict())
-
-    def restore(self, run_dir: Path) -> None:
-        self.load_state_dict(load_checkpoint(run_dir / CHECKPOINT_NAME, map_location=self.device))
 
 
 def write_run_config(run_dir: Path, config: Config) -> None:
