@@ -6,6 +6,7 @@ import gc
 
 import pytest
 import torch
+from support.linearity import check_linearity
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -15,7 +16,6 @@ from fitdqn.memory.trace import (
     AutocastUnavailable,
     NoCudaDevice,
     StepSetup,
-    check_linearity,
     describe,
     measure_step_memory,
     per_sample_bytes,

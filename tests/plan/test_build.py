@@ -4,11 +4,11 @@ import dataclasses
 import json
 
 import pytest
+from support.linearity import check_linearity
 
 from fitdqn.cli import main
 from fitdqn.config import Config, for_device, with_overrides
 from fitdqn.device import what_if
-from fitdqn.memory.trace import check_linearity
 from fitdqn.plan.build import AUTO_REFINE_CONVERGED, TRACE_BATCHES, make_train_step, plan_for_device
 from fitdqn.plan.planner import InfeasiblePlan
 
@@ -269,17 +269,31 @@ def test_a_rank_of_a_data_parallel_job_budgets_its_all_reduce_and_nccl_memory():
     assert rank.fixed_bytes > alone.fixed_bytes
 
 
+def collect_step(config, num_bars: int, capacity: int):
+    """The trainer's collector step (``System.collect_step``: observe -> act -> env step -> replay write) on a
+    system built for it alone, at ``collect.num_envs`` envs (the 'batch' argument must be that count)."""
+    from fitdqn.memory.trace import StepSetup
+    from fitdqn.plan.build import check_num_envs, stand_in_system
+
+    def make_step(num_envs: int, device):
+        check_num_envs(config, num_envs)
+        system = stand_in_system(config, num_bars, capacity, config.budget.min_batch, device)
+        return StepSetup(system.collect_step, system.memory_groups())
+
+    return make_step
+
+
 def test_one_trace_session_gives_the_traces_of_fresh_systems():
     """The plan traces both steps and every batch on one stand-in system (built and warmed once): each trace
     equals the one of a system built for it alone, pools included (nothing sized by the batch is kept)."""
     from fitdqn.memory.trace import trace_step_memory
-    from fitdqn.plan.build import COLLECT, UPDATE, TraceSession, make_collect_step, make_system_session
+    from fitdqn.plan.build import COLLECT, UPDATE, TraceSession, make_system_session
     from fitdqn.plan.trace_cache import TraceSummary
 
     config = for_device(synthetic(**{"net.trunk_hidden": 32, "net.d_model": 16, "net.iqn_quantiles": 8,
                                       "collect.num_envs": 8, "replay.min_fill": 64}), "cpu")
     capacity, num_bars = 8 * 256, 2000
-    fresh = [TraceSummary.of(trace_step_memory(make_collect_step(config, num_bars, capacity), 8, "cuda"), False)]
+    fresh = [TraceSummary.of(trace_step_memory(collect_step(config, num_bars, capacity), 8, "cuda"), False)]
     fresh += [TraceSummary.of(trace_step_memory(make_train_step(config, num_bars, capacity), batch, "cuda",
                                                 record_events=True), True) for batch in (64, 128)]
     session = TraceSession(make_system_session(config, num_bars, capacity), "cuda")

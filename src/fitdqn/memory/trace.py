@@ -44,7 +44,7 @@ import gc
 import itertools
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -385,7 +385,7 @@ def per_sample_bytes(
     Bytes are the step's own (``StepTrace.step_bytes``, above the baseline). The peak of a step is the
     largest of several phases (end of forward, inside backward, optimizer update), each linear in the batch
     with its own slope; pick batches in the range that will be planned, where activations dominate, and
-    check the line with ``check_linearity``.
+    check the line against a trace at a third batch.
     """
     b1, b2 = sorted(batches)
     first = trace_step_memory(make_step, b1, device, **trace_options)
@@ -398,36 +398,6 @@ def per_sample_bytes(
         group_fixed[name], group_per_sample[name] = fit_line(
             (b1, steps1.get(name, 0)), (b2, steps2.get(name, 0)))
     return StepFit(fixed, per_sample, group_per_sample, group_fixed, (first, second))
-
-
-@dataclass(frozen=True)
-class Linearity:
-    """A line fitted at two batches against a trace at a third."""
-
-    fit: StepFit
-    batch_size: int
-    predicted_bytes: int
-    traced_bytes: int
-
-    @property
-    def relative_error(self) -> float:
-        return (self.predicted_bytes - self.traced_bytes) / max(self.traced_bytes, 1)
-
-    def holds(self, tolerance: float = 0.01) -> bool:
-        return abs(self.relative_error) <= tolerance
-
-
-def check_linearity(
-    make_step: MakeStep,
-    batches: Sequence[int] = (1024, 2048, 4096),
-    device: torch.device | str = "cuda",
-    **trace_options: Any,
-) -> Linearity:
-    """Fit through the first two batches, trace the third, and compare (``Linearity.holds``)."""
-    b1, b2, b3 = batches
-    fit = per_sample_bytes(make_step, (b1, b2), device, **trace_options)
-    third = trace_step_memory(make_step, b3, device, **trace_options)
-    return Linearity(fit, b3, fit.step_bytes_at(b3), third.step_bytes)
 
 
 class NoCudaDevice(RuntimeError):

@@ -176,18 +176,6 @@ def make_train_step(config: Config, num_bars: int, capacity: int):
     return make_step
 
 
-def make_collect_step(config: Config, num_bars: int, capacity: int):
-    """The trainer's collector step (``System.collect_step``: observe -> act -> env step -> replay write) at
-    ``collect.num_envs`` envs (the 'batch' argument must be that count)."""
-
-    def make_step(num_envs: int, device: torch.device) -> StepSetup:
-        check_num_envs(config, num_envs)
-        system = stand_in_system(config, num_bars, capacity, config.budget.min_batch, device)
-        return StepSetup(system.collect_step, system.memory_groups())
-
-    return make_step
-
-
 UPDATE, COLLECT = "update", "collect"  # the steps a system session traces
 
 
