@@ -207,11 +207,6 @@ def held(run_dir: str | Path) -> tuple[bool, Holder | None]:
     return False, None
 
 
-def holder_of(run_dir: str | Path) -> Holder | None:
-    """Who holds ``run_dir``'s lock now (None: nobody, or a holder that has not written its record yet)."""
-    return held(run_dir)[1]
-
-
 def check_not_in_use(run_dir: str | Path) -> None:
     """:class:`RunInUse` when another process holds ``run_dir``'s lock now: checked before anything else looks at
     the folder (what a running writer has put there is not a reason the user should act on)."""

@@ -5,10 +5,21 @@ import math
 import numpy as np
 import pytest
 
-from fitdqn.evaluate.bootstrap import _Moments, auto_block_length, block_indices, bootstrap_sharpe, stationary_blocks
+from fitdqn.evaluate.bootstrap import _Moments, auto_block_length, bootstrap_sharpe, stationary_blocks
 from fitdqn.evaluate.metrics import sharpe_ratio
 
 OPTIONS = dict(samples=400, block_length=0.0, confidence=0.95)
+
+
+
+def block_indices(starts: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
+    """[count, n] the bar indices the blocks of :func:`stationary_blocks` spell out (the reference the
+    block sums are checked against)."""
+    rows = []
+    for row_starts, row_lengths in zip(starts, lengths, strict=True):
+        offsets = np.arange(int(row_lengths.sum())) - np.repeat(np.cumsum(row_lengths) - row_lengths, row_lengths)
+        rows.append((np.repeat(row_starts, row_lengths) + offsets) % n)
+    return np.stack(rows)
 
 
 def test_blocks_have_the_given_mean_length_and_cover_every_bar():

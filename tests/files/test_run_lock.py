@@ -11,7 +11,7 @@ import pytest
 
 from fitdqn.cli.app import EXIT_USER_ERROR, main
 from fitdqn.config import Config, dump_config
-from fitdqn.run_lock import LOCK_NAME, Holder, RunInUse, holder_of, host_name, run_lock
+from fitdqn.run_lock import LOCK_NAME, Holder, RunInUse, held, host_name, run_lock
 
 HOLD = textwrap.dedent("""
     import sys, time
@@ -20,6 +20,11 @@ HOLD = textwrap.dedent("""
         print("held", flush=True)
         time.sleep(float(sys.argv[2]))
 """)
+
+
+def holder_of(run_dir):
+    """Who holds ``run_dir``'s lock now (None: nobody, or a holder that has not written its record yet)."""
+    return held(run_dir)[1]
 
 
 def hold(run_dir, seconds=60.0):

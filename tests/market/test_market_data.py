@@ -19,7 +19,7 @@ from fitdqn.market.contract import available_contracts, contract_for, load_contr
 from fitdqn.market.data import builtin_bars, load_bars, synthetic_bars
 from fitdqn.market.data import read_bars_file as _read_bars_file
 from fitdqn.market.loader import load_market
-from fitdqn.market.splits import split_bars, walk_forward, walk_forward_from_config
+from fitdqn.market.splits import split_bars, walk_forward
 
 read_bars_file = functools.partial(_read_bars_file, date_format="auto")  # market.date_format's default
 
@@ -238,8 +238,6 @@ def test_walk_forward_folds():
     ]
     rolling = list(walk_forward(1000, 2, 100, train_bars=300))
     assert [(t.start, t.stop) for t, _ in rolling] == [(500, 800), (600, 900)]
-    config_folds = list(walk_forward_from_config(Config().market, 5031, 5))
-    assert config_folds[-1][1].stop == split_bars(5031, 0.7, 0.15)["validation"].stop
     with pytest.raises(UserError):
         list(walk_forward(100, 5, 30))
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from support.env import env_options, market_env
+from support.replay_reference import check_rows
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.errors import UserError
@@ -35,7 +36,6 @@ from fitdqn.market.loader import load_market
 from fitdqn.market.observation import build_observation
 from fitdqn.ops.replay_gather import GoalCrossing
 from fitdqn.resolve import resolve_for_market
-from fitdqn.transitions import check_rows
 
 # multiplier 50, tick 0.25, commission 2.5 per contract per fill, slippage 1 tick = 0.25 points = 12.5 cash
 TEST_CONTRACT = ContractSpec("test", multiplier=50.0, tick_size=0.25, commission=2.5, slippage_ticks=1.0)
@@ -291,7 +291,7 @@ def test_transition_contract(sp500_market):
     obs = env.observation()
     assert obs.shape == (5, 8, 80) and obs.dtype == torch.float32
     assert torch.equal(obs, build_observation(env.features, out["current_bar"], out["current_agent"], 8))
-    assert env.state_bytes() == env_state_bytes(5) == 5 * (2 * 8 + 7 * 4 + 8 * 4)
+    assert env_state_bytes(5) == 5 * (2 * 8 + 7 * 4 + 8 * 4)
     assert market_bytes(100) == 100 * (72 + 4 + 1) * 4
 
 

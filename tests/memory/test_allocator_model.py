@@ -28,8 +28,7 @@ from fitdqn.memory.allocator_model import (
     AllocatorCapExceeded,
     CachingAllocatorModel,
     expandable_segments_enabled,
-    graph_pool_bytes,
-    graph_pool_fit,
+    pool_line,
     pool_usage,
     replay_events,
 )
@@ -43,6 +42,16 @@ from fitdqn.plan.build import (
     tracer_for,
 )
 
+
+def graph_pool_bytes(trace, expandable: bool = True) -> int:
+    """Bytes a CUDA graph capturing the traced step keeps reserved in its private pool (the model's answer)."""
+    return pool_usage(trace, expandable).reserved_bytes
+
+
+def graph_pool_fit(small, large, expandable: bool = True):
+    """The graph pool beyond the step's live peak, fitted through two traced batches (``pool_line``)."""
+    return pool_line(tuple((t.batch_size, t.step_bytes, pool_usage(t, expandable)) for t in (small, large)),
+                     expandable)
 
 def model(expandable: bool = False, **options) -> CachingAllocatorModel:
     return CachingAllocatorModel(expandable, **options)

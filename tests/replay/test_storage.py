@@ -1,16 +1,15 @@
 import pytest
 import torch
-from support.replay_reference import FakeEnv, transition_spec
+from support.replay_reference import FakeEnv, check_rows, transition_spec
 
 from fitdqn.replay.storage import RingStorage
-from fitdqn.transitions import FieldSpec, bytes_per_transition, check_rows, storage_bytes
+from fitdqn.transitions import FieldSpec, bytes_per_transition
 
 
 def test_spec_bytes():
     spec = transition_spec()
     # bar 4 + agent 6*4 + action 3 + reward 4 + achieved 4 + next_agent 24 + episode_step 4 + flags 1
     assert bytes_per_transition(spec) == 68
-    assert storage_bytes(spec, 10) == 680
     assert FieldSpec((2, 3), torch.float64).row_bytes() == 48
 
 

@@ -92,7 +92,7 @@ def test_stratified_sampling_frequencies_match_priorities():
     counts = np.zeros(n)
     probabilities = []
     for _ in range(100):
-        index, probability = tree.sample_stratified(1000, generator)
+        index, probability = tree.stratified(torch.rand(1000, dtype=torch.float64, generator=generator))
         counts += np.bincount(index.numpy(), minlength=n)
         probabilities.append((index.numpy(), probability.numpy()))
     live = priorities > 0

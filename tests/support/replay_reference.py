@@ -172,3 +172,21 @@ def gather_at_4a736f8(storage, index: torch.Tensor, uniform: torch.Tensor, *, n_
     return {"bar": fields["bar"][index].long(), "agent": agent, "action": fields["action"][index].long(),
             "reward": ret.to(torch.float32), "discount": discount, "next_bar": fields["bar"][last].long() + 1,
             "next_agent": next_agent, "index": index}
+
+
+def check_rows(spec: dict[str, FieldSpec], rows: dict[str, torch.Tensor], num_rows: int) -> None:
+    """Raise ValueError if ``rows`` does not hold exactly the spec's fields as ``[num_rows, *shape]``.
+
+    Shape/dtype checks only (metadata, no host sync).
+    """
+    missing = sorted(set(spec) - set(rows))
+    extra = sorted(set(rows) - set(spec))
+    if missing or extra:
+        raise ValueError(f"transition fields: missing {missing}, unexpected {extra}")
+    for name, field in spec.items():
+        tensor = rows[name]
+        if tuple(tensor.shape) != field.batched(num_rows):
+            raise ValueError(
+                f"field '{name}': shape {tuple(tensor.shape)}, expected {field.batched(num_rows)}")
+        if tensor.dtype != field.dtype:
+            raise ValueError(f"field '{name}': dtype {tensor.dtype}, expected {field.dtype}")

@@ -59,16 +59,6 @@ def stationary_blocks(rng: np.random.Generator, n: int, block_length: float, cou
     return starts, lengths
 
 
-def block_indices(starts: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
-    """[count, n] the bar indices the blocks of :func:`stationary_blocks` spell out (a reference for tests and
-    for statistics that need the resampled series itself)."""
-    rows = []
-    for row_starts, row_lengths in zip(starts, lengths, strict=True):
-        offsets = np.arange(int(row_lengths.sum())) - np.repeat(np.cumsum(row_lengths) - row_lengths, row_lengths)
-        rows.append((np.repeat(row_starts, row_lengths) + offsets) % n)
-    return np.stack(rows)
-
-
 class _Moments:
     """Sums of x and x^2 over any wrapped block of a series in O(1) (prefix sums of the series twice over)."""
 

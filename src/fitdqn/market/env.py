@@ -74,7 +74,6 @@ from fitdqn.market.layout import (
     STATE_DIM,
     STOP_ATR,
     TAKE_PROFIT_ATR,
-    env_state_bytes,
     state_shapes,
     transition_spec,
 )
@@ -434,10 +433,6 @@ class FuturesEnv:
     def observation(self) -> Tensor:
         """Current observations ``[E, W, S]`` float32."""
         return build_observation(self.features, self.bar, self.agent, self.window)
-
-    def state_bytes(self) -> int:
-        """Device bytes of this env's own tensors (the shared market tensors are not counted)."""
-        return env_state_bytes(self.num_envs)
 
     def target_contracts(self, position_index: Tensor, atr: Tensor, close: Tensor) -> Tensor:
         """Contracts that branch 0's ``position_index [E]`` aims for at a decision bar of ``atr [E]`` and

@@ -63,11 +63,3 @@ def walk_forward(
             Split(f"train_{k}", t_start, v_start),
             Split(f"validation_{k}", v_start, v_start + validation_bars),
         )
-
-
-def walk_forward_from_config(market, num_bars: int, folds: int) -> Iterator[tuple[Split, Split]]:
-    """Walk-forward folds over the train + validation part of a MarketConfig's split (test kept out); each
-    validation block is ``validation_fraction / folds`` of the bars."""
-    splits = split_bars(num_bars, market.train_fraction, market.validation_fraction)
-    block = max(1, len(splits["validation"]) // folds)
-    return walk_forward(num_bars, folds, block, end=splits["validation"].stop)

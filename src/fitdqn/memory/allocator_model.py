@@ -6,7 +6,7 @@ of those allocations is served from the graph's private pool, frees inside the c
 that pool (later allocations of the same capture reuse them), and at the end of capture the pool keeps all
 the memory it mapped or cudaMalloc'd until the graph dies: that is the graph's pool. It is more than the
 step's live peak because of segment sizes, block rounding and fragmentation. ``replay_events`` runs the
-log through ``CachingAllocatorModel`` and ``graph_pool_bytes`` returns the pool's reserved bytes.
+log through ``CachingAllocatorModel`` and ``pool_usage`` gives the pool's reserved bytes.
 
 Rules modelled, read in ``c10/cuda/CUDACachingAllocator.cpp`` (``DeviceCachingAllocator``) of pytorch/pytorch
 at two revisions (an older one, and a newer one whose ``ExpandableSegment`` takes an optional stream); torch
@@ -415,11 +415,6 @@ def pool_usage(trace: StepTrace, expandable: bool = True) -> PoolUsage:
     return replay_events(trace.events, expandable)
 
 
-def graph_pool_bytes(trace: StepTrace, expandable: bool = True) -> int:
-    """Bytes a CUDA graph capturing the traced step keeps reserved in its private pool (module docstring)."""
-    return pool_usage(trace, expandable).reserved_bytes
-
-
 ALLOC_CONF_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # newer name first: it wins
 
 
@@ -441,7 +436,7 @@ def expandable_segments_enabled(config: str | None = None) -> bool:
 
 @dataclass(frozen=True)
 class GraphPoolFit:
-    """The graph pool beyond the step's live peak, as ``fixed + per_sample x B`` (``graph_pool_fit``)."""
+    """The graph pool beyond the step's live peak, as ``fixed + per_sample x B`` (``pool_line``)."""
 
     fixed_bytes: int
     per_sample_bytes: int
@@ -452,13 +447,6 @@ class GraphPoolFit:
 
     def bytes_at(self, batch_size: int) -> int:
         return self.fixed_bytes + self.per_sample_bytes * batch_size
-
-
-def graph_pool_fit(small: StepTrace, large: StepTrace, expandable: bool = True) -> GraphPoolFit:
-    """What a graph's private pool reserves beyond the step's live peak (``step_bytes``), fitted as a line
-    through two traced batches (``pool_line``)."""
-    return pool_line(tuple((t.batch_size, t.step_bytes, pool_usage(t, expandable))  # type: ignore[arg-type]
-                           for t in (small, large)), expandable)
 
 
 def pool_line(points: tuple[tuple[int, int, PoolUsage], tuple[int, int, PoolUsage]], expandable: bool = True

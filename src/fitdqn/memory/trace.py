@@ -98,7 +98,7 @@ class StepTrace:
     peak_storages: list[LiveStorage] = field(repr=False, default_factory=list)
     note: str = ""
     # the traced step's allocator requests in order (``record_events=True`` only; else empty): what a CUDA
-    # graph capturing the step would ask of its private pool (``allocator_model.graph_pool_bytes``)
+    # graph capturing the step would ask of its private pool (``allocator_model.pool_usage``)
     events: list[AllocEvent] = field(repr=False, default_factory=list)
     # every change of the live bytes during the traced step (``ledger=True`` only; else None): what
     # ``TraceFit`` derives the step at other batches from

@@ -109,12 +109,6 @@ class SumTree:
         """
         return prioritized_ops.stratified_find(self.levels, uniform, self.fanout, self.num_leaves)
 
-    def sample_stratified(self, batch_size: int, generator: torch.Generator | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`stratified` with fresh uniforms from ``generator``."""
-        uniform = torch.rand(batch_size, device=self.device, dtype=DTYPE, generator=generator)  # [B]
-        return self.stratified(uniform)
-
     def state_dict(self, leaves: int | None = None) -> dict[str, torch.Tensor]:
         """Every level; with ``leaves``, of the leaf level only the first ``leaves`` (the rest must be 0: slots
         never written), as a tensor of its own (:func:`fitdqn.replay.storage.filled_rows`). The upper levels are
