@@ -6,7 +6,7 @@ config once, at start-up) and each batch: build the trainer's captured step for 
 cuBLAS workspaces are made there, outside the graph), capture it in a CUDA graph and read the graph's private
 pool from ``torch.cuda.memory_snapshot`` (the segments whose ``segment_pool_id`` is the graph's pool; the
 growth of ``memory_reserved`` over the capture beside it). Next to it, from the same step traced on fake
-tensors: ``allocator_model.graph_pool_bytes``, the traced live peak (``step_bytes``), and what the plan budgets
+tensors: ``allocator_model.pool_usage``, the traced live peak (``step_bytes``), and what the plan budgets
 for the pool: the step traced at that batch + the ``cuda_graphs`` component anchored there, as the plan takes them.
 
     PYTHONPATH=src python benchmarks/graph_pool_check.py --batches 64,256,1024,4096,8192,16384 --out pool.json
