@@ -7,9 +7,8 @@ import argparse
 import math
 from pathlib import Path
 
-from fitdqn.cli.common import Commands, add_command, writing_into
+from fitdqn.cli.common import Commands, add_command, add_network_option, writing_into
 from fitdqn.errors import UserError
-from fitdqn.files import NETWORKS
 
 DECISION_SUFFIXES = (".csv", ".parquet", ".pq")
 
@@ -40,9 +39,7 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
     act.add_argument("--goal-unit", type=float, metavar="FLOAT", help="the goal scale shown to the agent "
                      "(default: from the run's training bars, as in its backtests)")
     act.add_argument("--device", default="cpu", help="device to run the policy on (default: %(default)s)")
-    act.add_argument("--network", choices=NETWORKS, default="best",
-                        help="best: the network with the best validation Sharpe (best.pt, the one the run's report "
-                        "is about); last: the latest checkpoint's (default: %(default)s)")
+    add_network_option(act)
     act.set_defaults(run=run)
     return act
 

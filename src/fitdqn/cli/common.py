@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fitdqn.cli.args import config_from_args
 from fitdqn.config import Config
+from fitdqn.files import NETWORKS
 
 HELP_WIDTH = 100
 # config options every command's --help shows (the rest: --help-all)
@@ -47,6 +48,13 @@ def add_command(commands: Commands, name: str, summary: str, examples: tuple[str
                 aliases: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     return commands.add_parser(name, help=summary, aliases=list(aliases), description=describe(examples, *paragraphs),
                                formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_network_option(parser: argparse.ArgumentParser) -> None:
+    """``--network best|last``: which of a run's networks a command loads (:data:`fitdqn.files.NETWORKS`)."""
+    parser.add_argument("--network", choices=NETWORKS, default="best",
+                        help="best: the network with the best validation Sharpe (best.pt, the one the run's report "
+                        "is about); last: the latest checkpoint's (default: %(default)s)")
 
 
 def writing_into(run_dir: str | Path, out: str | Path) -> contextlib.AbstractContextManager:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fitdqn.cli.common import Commands, writing_into
-from fitdqn.files import NETWORKS
+from fitdqn.cli.common import Commands, add_network_option, writing_into
 
 SPLITS = ("train", "validation", "test")
 
@@ -25,9 +24,7 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
     evaluate.add_argument("--split", choices=SPLITS, default="test",
                           help="which bars to backtest on (default: %(default)s)")
     evaluate.add_argument("--device", default="auto", help="device to evaluate on (default: %(default)s)")
-    evaluate.add_argument("--network", choices=NETWORKS, default="best",
-                          help="best: the network with the best validation Sharpe (best.pt, what the report "
-                          "shows); last: the latest checkpoint's (default: %(default)s)")
+    add_network_option(evaluate)
     evaluate.set_defaults(run=run)
     return evaluate
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from fitdqn.cli.common import Commands, add_command, writing_into
-from fitdqn.files import NETWORKS
+from fitdqn.cli.common import Commands, add_command, add_network_option, writing_into
 
 
 def add_parser(commands: Commands) -> argparse.ArgumentParser:
@@ -22,9 +21,7 @@ def add_parser(commands: Commands) -> argparse.ArgumentParser:
     export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by fitdqn train, or a study's: "
                         "its latest fold's ensemble, actions combined in the program and q [B, members, 3, n]")
     export.add_argument("--out", required=True, metavar="FILE.pt2", help="where to write the program")
-    export.add_argument("--network", choices=NETWORKS, default="best",
-                        help="best: the network with the best validation Sharpe (best.pt, the one the run's report "
-                        "is about); last: the latest checkpoint's (default: %(default)s)")
+    add_network_option(export)
     export.set_defaults(run=run)
     return export
 
