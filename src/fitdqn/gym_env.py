@@ -52,23 +52,12 @@ _MARKET_KEYS = (
 )
 
 
-def _build_env(
-    num_envs: int,
-    *,
-    config: Config | None,
-    market: Market | None,
-    split: str,
-    window: int | None,
-    device,
-    seed: int | None,
-    overrides: dict[str, Any],
-) -> FuturesEnv:
+def _build_env(num_envs: int, *, config: Config | None, market: Market | None, split: str, window: int | None,
+               device, seed: int | None, overrides: dict[str, Any]) -> FuturesEnv:
     unknown = sorted(set(overrides) - set(_MARKET_KEYS))
     if unknown:
-        raise TypeError(
-            f"unknown argument(s) {unknown}; accepted: {', '.join(_MARKET_KEYS)}, split, window, "
-            "config, market, device, seed"
-        )
+        raise TypeError(f"unknown argument(s) {unknown}; accepted: {', '.join(_MARKET_KEYS)}, split, window, "
+                        "config, market, device, seed")
     config = config or Config()
     given = {k: v for k, v in overrides.items() if v is not None}
     if given:
@@ -105,32 +94,13 @@ class FuturesGymEnv(gymnasium.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(
-        self,
-        *,
-        config: Config | None = None,
-        market: Market | None = None,
-        split: str = "train",
-        window: int | None = None,
-        device=None,
-        seed: int | None = None,
-        render_mode: str | None = None,
-        **overrides: Any,
-    ) -> None:
-        self.env = _build_env(
-            1,
-            config=config,
-            market=market,
-            split=split,
-            window=window,
-            device=device,
-            seed=seed,
-            overrides=overrides,
-        )
+    def __init__(self, *, config: Config | None = None, market: Market | None = None, split: str = "train",
+                 window: int | None = None, device=None, seed: int | None = None, render_mode: str | None = None,
+                 **overrides: Any) -> None:
+        self.env = _build_env(1, config=config, market=market, split=split, window=window, device=device, seed=seed,
+                              overrides=overrides)
         self.render_mode = render_mode
-        self.observation_space, self.action_space = _spaces(
-            self.env.window, self.env.branches
-        )
+        self.observation_space, self.action_space = _spaces(self.env.window, self.env.branches)
 
     def _obs(self, bar: torch.Tensor, agent: torch.Tensor) -> np.ndarray:
         obs = build_observation(self.env.features, bar, agent, self.env.window)[0]  # [W, S]
@@ -170,29 +140,11 @@ class FuturesVectorEnv(VectorEnv):
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
-    def __init__(
-        self,
-        num_envs: int,
-        *,
-        config: Config | None = None,
-        market: Market | None = None,
-        split: str = "train",
-        window: int | None = None,
-        device=None,
-        seed: int | None = None,
-        render_mode: str | None = None,
-        **overrides: Any,
-    ) -> None:
-        self.env = _build_env(
-            num_envs,
-            config=config,
-            market=market,
-            split=split,
-            window=window,
-            device=device,
-            seed=seed,
-            overrides=overrides,
-        )
+    def __init__(self, num_envs: int, *, config: Config | None = None, market: Market | None = None,
+                 split: str = "train", window: int | None = None, device=None, seed: int | None = None,
+                 render_mode: str | None = None, **overrides: Any) -> None:
+        self.env = _build_env(num_envs, config=config, market=market, split=split, window=window, device=device,
+                              seed=seed, overrides=overrides)
         self.num_envs = int(num_envs)
         self.render_mode = render_mode
         single_obs, single_action = _spaces(self.env.window, self.env.branches)
