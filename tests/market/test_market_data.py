@@ -19,7 +19,7 @@ from fitdqn.market.contract import available_contracts, contract_for, load_contr
 from fitdqn.market.data import builtin_bars, load_bars, synthetic_bars
 from fitdqn.market.data import read_bars_file as _read_bars_file
 from fitdqn.market.loader import load_market
-from fitdqn.market.splits import split_bars, walk_forward
+from fitdqn.market.splits import split_bars
 
 read_bars_file = functools.partial(_read_bars_file, date_format="auto")  # market.date_format's default
 
@@ -227,19 +227,6 @@ def test_splits_are_time_ordered_and_cover_everything():
     assert len(splits["train"]) == 3522 and len(splits["validation"]) == 754
     with pytest.raises(UserError):
         split_bars(100, 0.9, 0.2)
-
-
-def test_walk_forward_folds():
-    folds = list(walk_forward(1000, 3, 100, end=900))
-    assert [(t.start, t.stop, v.start, v.stop) for t, v in folds] == [
-        (0, 600, 600, 700),
-        (0, 700, 700, 800),
-        (0, 800, 800, 900),
-    ]
-    rolling = list(walk_forward(1000, 2, 100, train_bars=300))
-    assert [(t.start, t.stop) for t, _ in rolling] == [(500, 800), (600, 900)]
-    with pytest.raises(UserError):
-        list(walk_forward(100, 5, 30))
 
 
 # ---------------------------------------------------------------------------------------------- synthetic

@@ -21,7 +21,7 @@ if GYM_ID not in gymnasium.registry:
 _HOMES = {
     "ContractSpec": "contract", "available_contracts": "contract", "contract_for": "contract",
     "load_contract": "contract", "Split": "splits", "load_bars": "data", "normalise_bars": "data",
-    "read_bars_file": "data", "split_bars": "splits", "walk_forward": "splits", "AGENT_FIELDS": "layout",
+    "read_bars_file": "data", "split_bars": "splits", "AGENT_FIELDS": "layout",
     "GOAL_COLUMN": "layout", "STATE_DIM": "layout", "transition_spec": "layout", "FuturesEnv": "env",
     "FEATURE_NAMES": "layout", "WARMUP": "layout", "compute_features": "features", "Market": "loader",
     "load_market": "loader", "build_observation": "observation",
