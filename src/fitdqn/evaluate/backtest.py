@@ -30,7 +30,6 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -74,23 +73,6 @@ class Backtest:
 
     def __len__(self) -> int:
         return int(self.pnl.shape[0])
-
-    def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(
-            {
-                "timestamp": self.timestamp,
-                "decision_bar": self.decision_bar,
-                "pnl": self.pnl,
-                "cost": self.cost,
-                "reward": self.reward,
-                "target": self.target,
-                "position": self.position,
-                "traded": self.traded,
-                "exit": self.exit,
-                "equity": self.equity[1:],
-                "buy_and_hold": self.buy_and_hold[1:],
-            }
-        )
 
 
 class BarRule:
