@@ -22,13 +22,15 @@ CASES = [
 
 
 def tree(leaves: int, fanout: int, zero_share: float, seed: int):
+    from support.replay_reference import update_max
+
     from fitdqn.replay.sum_tree import SumTree
 
     generator = torch.Generator().manual_seed(seed)
     made = SumTree(leaves, fanout, "cpu")  # on the CPU: the torch maths
     values = torch.rand(leaves, generator=generator, dtype=torch.float64) ** 2
     values[torch.rand(leaves, generator=generator) < zero_share] = 0.0
-    made.update_max(torch.arange(leaves), values)
+    update_max(made, torch.arange(leaves), values)
     return made, generator
 
 

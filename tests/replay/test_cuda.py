@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from support.replay_reference import FakeEnv, buffer_options, goal_reward, transition_spec
+from support.replay_reference import FakeEnv, buffer_options, goal_reward, transition_spec, update_max
 
 from fitdqn.ops import prioritized as prioritized_ops
 from fitdqn.ops import replay_gather as replay_gather_ops
@@ -25,7 +25,7 @@ def test_triton_rebuild_matches_torch(fanout):
     for _ in range(20):
         index = torch.randint(0, n, (4096,), device="cuda")
         values = torch.rand(4096, device="cuda", dtype=torch.float64)
-        fast.update_max(index, values)
+        update_max(fast, index, values)
         ref[-1].scatter_reduce_(0, index, values, reduce="amax", include_self=False)
         sum_tree_ops.propagate_reference(ref, index, fanout)
     assert torch.equal(fast.leaves, ref[-1])

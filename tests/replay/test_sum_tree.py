@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from support.replay_reference import tree_reference_find
+from support.replay_reference import tree_reference_find, update_max
 
+from fitdqn.ops import prioritized as prioritized_ops
 from fitdqn.replay.sum_tree import SumTree, level_sizes, sum_tree_bytes
 
 
@@ -50,7 +51,7 @@ def test_updates_with_duplicates_match_numpy(fanout):
             tree.assign(torch.from_numpy(index), torch.from_numpy(values))
             ref[index] = values
         else:
-            tree.update_max(torch.from_numpy(index), torch.from_numpy(values))
+            update_max(tree, torch.from_numpy(index), torch.from_numpy(values))
             for i in np.unique(index):
                 ref[i] = values[index == i].max()
         np.testing.assert_array_equal(tree.leaves.numpy()[:n], ref)
@@ -64,19 +65,20 @@ def test_integer_priorities_are_exact_and_find_matches_searchsorted():
     n = 3000
     tree = SumTree(n, 16, "cpu")
     ref = rng.integers(0, 6, size=n).astype(float)  # zeros included: must never be found
-    tree.update_max(torch.arange(n), torch.from_numpy(ref))
+    update_max(tree, torch.arange(n), torch.from_numpy(ref))
     check_internal_sums(tree, exact=True)
     total = ref.sum()
     mass = np.concatenate([rng.random(5000) * total, np.arange(int(total)), [0.0, total - 1e-9]])
-    found = tree.find(torch.from_numpy(mass)).numpy()
+    found = prioritized_ops.descend(tree.levels, torch.from_numpy(mass), tree.fanout, tree.num_leaves).numpy()
     np.testing.assert_array_equal(found, tree_reference_find(ref, mass))
     assert (ref[found] > 0).all()
 
 
 def test_total_mass_or_more_never_returns_an_empty_leaf():
     tree = SumTree(100, 4, "cpu")
-    tree.update_max(torch.tensor([3, 50, 97]), torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64))
-    found = tree.find(torch.tensor([0.6, 0.6000001, 1e9, -1.0], dtype=torch.float64))
+    update_max(tree, torch.tensor([3, 50, 97]), torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64))
+    found = prioritized_ops.descend(tree.levels, torch.tensor([0.6, 0.6000001, 1e9, -1.0], dtype=torch.float64),
+                                   tree.fanout, tree.num_leaves)
     assert found.tolist() == [97, 97, 97, 3]
 
 
@@ -87,12 +89,13 @@ def test_stratified_sampling_frequencies_match_priorities():
     priorities = rng.random(n) ** 2 + 0.01
     priorities[rng.permutation(n)[:40]] = 0.0
     tree = SumTree(n, 8, "cpu")
-    tree.update_max(torch.arange(n), torch.from_numpy(priorities))
+    update_max(tree, torch.arange(n), torch.from_numpy(priorities))
     generator = torch.Generator().manual_seed(3)
     counts = np.zeros(n)
     probabilities = []
     for _ in range(100):
-        index, probability = tree.stratified(torch.rand(1000, dtype=torch.float64, generator=generator))
+        uniform = torch.rand(1000, dtype=torch.float64, generator=generator)  # [B]
+        index, probability = prioritized_ops.stratified_find(tree.levels, uniform, tree.fanout, tree.num_leaves)
         counts += np.bincount(index.numpy(), minlength=n)
         probabilities.append((index.numpy(), probability.numpy()))
     live = priorities > 0
@@ -104,15 +107,15 @@ def test_stratified_sampling_frequencies_match_priorities():
         np.testing.assert_allclose(probability, priorities[index] / priorities.sum(), rtol=1e-12)
 
 
-def test_rebuild_and_state_dict_round_trip():
+def test_state_dict_round_trip_and_propagating_every_leaf_rebuilds_the_tree():
     tree = SumTree(500, 8, "cpu")
-    tree.update_max(torch.arange(0, 500, 3), torch.rand(167, dtype=torch.float64))
+    update_max(tree, torch.arange(0, 500, 3), torch.rand(167, dtype=torch.float64))
     copy = SumTree(500, 8, "cpu")
     copy.load_state_dict({k: v.clone() for k, v in tree.state_dict().items()})
     for a, b in zip(tree.levels, copy.levels, strict=True):
         assert torch.equal(a, b)
     for level in copy.levels[:-1]:
-        level.fill_(123.0)
-    copy.rebuild()
+        level.zero_()
+    copy.propagate(torch.arange(500))  # every internal node again from the leaves
     check_internal_sums(copy, exact=False)
     assert float(copy.total()) == pytest.approx(float(tree.total()), rel=1e-13)

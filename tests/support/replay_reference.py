@@ -190,3 +190,9 @@ def check_rows(spec: dict[str, FieldSpec], rows: dict[str, torch.Tensor], num_ro
                 f"field '{name}': shape {tuple(tensor.shape)}, expected {field.batched(num_rows)}")
         if tensor.dtype != field.dtype:
             raise ValueError(f"field '{name}': dtype {tensor.dtype}, expected {field.dtype}")
+
+
+def update_max(tree, index: torch.Tensor, values: torch.Tensor) -> None:
+    """Set ``tree``'s leaves ``index [M]`` to ``values [M]``; for a duplicated index the largest value wins."""
+    tree.leaves.scatter_reduce_(0, index, values.to(tree.leaves.dtype), reduce="amax", include_self=False)
+    tree.propagate(index)

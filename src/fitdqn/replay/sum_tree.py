@@ -1,4 +1,5 @@
-"""A sum tree resident on the device: batched updates and batched stratified sampling, no host sync.
+"""A sum tree resident on the device: batched updates, and levels the prioritized draw descends (stratified
+sampling, :mod:`fitdqn.ops.prioritized`), no host sync.
 
 Layout: a ``fanout``-ary tree stored level by level, leaves last. Level sizes are padded to a multiple of
 the fanout so every node's children are one contiguous row of ``level.view(-1, fanout)``; padding leaves
@@ -12,8 +13,8 @@ children, whatever the number of updates. Float64 still matters for sampling: th
 prefix mass against ``u * total``; in float32 with 10M leaves one rounding step of the total is about half
 an average leaf's mass, which would bias small priorities. Float64 makes that error ~1e-9 leaf masses.
 
-Duplicate indices in one update: the largest value wins (``scatter_reduce(amax)``, deterministic),
-documented in :meth:`SumTree.update_max`.
+Duplicate indices in one update: the largest value wins (``scatter_reduce(amax)``, deterministic;
+:mod:`fitdqn.ops.prioritized`).
 
 The ancestor rebuild is :func:`fitdqn.ops.sum_tree.propagate`: on CUDA with Triton one kernel per level,
 else the torch reference it is checked against.
@@ -68,18 +69,10 @@ class SumTree:
         """Sum of all priorities, a 0-dim f64 device tensor."""
         return self.levels[0].sum()
 
-    def get(self, index: torch.Tensor) -> torch.Tensor:
-        return self.leaves[index]
-
     # ---- updates -------------------------------------------------------------------------------------
     def assign(self, index: torch.Tensor, values: torch.Tensor) -> None:
         """Set leaves ``index [M]`` to ``values [M]``; indices must be unique (e.g. one lockstep step)."""
         self.leaves.index_copy_(0, index, values.to(DTYPE))
-        self.propagate(index)
-
-    def update_max(self, index: torch.Tensor, values: torch.Tensor) -> None:
-        """Set leaves ``index [M]`` to ``values [M]``; for a duplicated index the largest value wins."""
-        self.leaves.scatter_reduce_(0, index, values.to(DTYPE), reduce="amax", include_self=False)
         self.propagate(index)
 
     def propagate(self, index: torch.Tensor) -> None:
@@ -88,26 +81,6 @@ class SumTree:
         Duplicated parents get the same recomputed sum, so the scatter is deterministic.
         """
         sum_tree_ops.propagate(self.levels, index, self.fanout)
-
-    def rebuild(self) -> None:
-        """Recompute every internal node from the leaves (after loading leaves wholesale)."""
-        for depth in range(len(self.levels) - 1, 0, -1):
-            sums = self.levels[depth].view(-1, self.fanout).sum(-1)
-            self.levels[depth - 1].zero_()
-            self.levels[depth - 1][: sums.numel()] = sums
-
-    # ---- sampling ------------------------------------------------------------------------------------
-    def find(self, mass: torch.Tensor) -> torch.Tensor:
-        """Leaf ``i`` with ``prefix(i) <= mass < prefix(i) + p_i`` for each ``mass [B]`` (f64, in [0, total));
-        never a zero-priority leaf while the total is positive (:func:`fitdqn.ops.prioritized.descend`)."""
-        return prioritized_ops.descend(self.levels, mass, self.fanout, self.num_leaves)
-
-    def stratified(self, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One leaf from each of B equal slices of the total mass; ``uniform [B]`` in [0, 1) places it.
-
-        Returns ``(index [B] int64, probability [B] f64)`` with probability = p_i / total.
-        """
-        return prioritized_ops.stratified_find(self.levels, uniform, self.fanout, self.num_leaves)
 
     def state_dict(self, leaves: int | None = None) -> dict[str, torch.Tensor]:
         """Every level; with ``leaves``, of the leaf level only the first ``leaves`` (the rest must be 0: slots
