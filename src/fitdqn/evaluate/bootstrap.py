@@ -30,10 +30,6 @@ class Interval:
     samples: int
     block_length: float
 
-    def excludes(self, value: float = 0.0) -> bool:
-        """True when ``value`` lies outside the interval (the estimate is distinguishable from it)."""
-        return bool(self.low > value or self.high < value)
-
     def to_json(self) -> dict:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
 
