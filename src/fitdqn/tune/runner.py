@@ -36,7 +36,14 @@ from fitdqn.device.threads import cpu_threads
 from fitdqn.errors import UserError
 from fitdqn.market.loader import load_market
 from fitdqn.schedule.packing import Packing, packing
-from fitdqn.schedule.scheduler import config_key, gpu_possible, interrupt_with_parent, probe_shares, worker_env
+from fitdqn.schedule.scheduler import (
+    config_key,
+    gpu_possible,
+    interrupt_with_parent,
+    log_tail,
+    probe_shares,
+    worker_env,
+)
 from fitdqn.train.checkpoint import atomic_write_text
 from fitdqn.tune.space import SearchSpace
 from fitdqn.tune.study import (
@@ -328,13 +335,6 @@ class TuneRun:
                 requeue(self.study, self.storage, self.storage.get_trial(worker.trial._trial_id),
                         "interrupted before it finished; queued again")
         self.console.print("interrupted: finished trials are saved in the study; run the same command to continue")
-
-
-def log_tail(run_dir: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join((run_dir / LOG_FILE).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def run_tune(base: Config, space: SearchSpace, console: Console | None = None) -> optuna.Study:

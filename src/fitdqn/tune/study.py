@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import socket
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from fitdqn import run_lock
 from fitdqn.config import Config, ConfigError, TuneConfig, config_to_dict, dump_config, with_overrides
 from fitdqn.errors import UserError
 from fitdqn.files import STUDY_NAME
@@ -165,15 +165,8 @@ def requeue_stale(study: optuna.Study, trial: FrozenTrial) -> None:
 
 
 def pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    return True
+    """Whether ``pid`` (a trial's recorded pid: anything) is a process alive on this host."""
+    return isinstance(pid, int) and run_lock.pid_alive(pid)
 
 
 FINISHED = ("complete", "pruned", "fail")  # a trial's result state that the study records as it is
