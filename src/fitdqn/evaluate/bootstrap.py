@@ -104,18 +104,9 @@ def bootstrap_sharpe(
     estimate = sharpe_ratio(x, periods_per_year) - (0.0 if baseline is None else sharpe_ratio(b, periods_per_year))
     if n < 2:
         return Interval(estimate, math.nan, math.nan, confidence, 0, block)
-    moments = _Moments(x)
-    base = None if baseline is None else _Moments(b)
-    rng = np.random.default_rng(seed)
-    chunk = max(1, CHUNK_ELEMENTS // (int(n / block) + 16))
-    values = []
-    for first in range(0, samples, chunk):
-        starts, lengths = stationary_blocks(rng, n, block, min(chunk, samples - first))  # [c, m] each
-        stat = moments.sharpe(starts, lengths, periods_per_year)
-        if base is not None:
-            stat = stat - base.sharpe(starts, lengths, periods_per_year)
-        values.append(stat)
-    stats = np.concatenate(values)
+    sharpes = resampled_sharpes(x[None] if baseline is None else np.stack([x, b]), periods_per_year,
+                                samples=samples, block_length=block, seed=seed)  # [samples, 1 or 2]
+    stats = sharpes[:, 0] if baseline is None else sharpes[:, 0] - sharpes[:, 1]
     stats = stats[~np.isnan(stats)]  # inf - inf (two constant series) has no sign
     if not stats.size:
         return Interval(estimate, math.nan, math.nan, confidence, int(samples), block)
