@@ -443,7 +443,6 @@ class GraphPoolFit:
     expandable: bool
     batches: tuple[int, int]
     usages: tuple[PoolUsage, PoolUsage]
-    extra_bytes: tuple[int, int]  # pool beyond the step's live peak at each batch (footprint if expandable)
 
     def bytes_at(self, batch_size: int) -> int:
         return self.fixed_bytes + self.per_sample_bytes * batch_size
@@ -461,8 +460,9 @@ def pool_line(points: tuple[tuple[int, int, PoolUsage], tuple[int, int, PoolUsag
     """
     ordered = sorted(points, key=lambda p: p[0])
     usages = tuple(usage for _, _, usage in ordered)
+    # the pool beyond the step's live peak at each batch (its footprint if expandable)
     extra = tuple((u.footprint_bytes if expandable else u.reserved_bytes) - step for (_, step, u) in ordered)
     batches = (ordered[0][0], ordered[1][0])
     fixed, per_sample = line_above((batches[0], extra[0]), (batches[1], extra[1]))
     fixed += LARGE_BUFFER + SMALL_BUFFER if expandable else 0
-    return GraphPoolFit(fixed, per_sample, expandable, batches, usages, extra)  # type: ignore[arg-type]
+    return GraphPoolFit(fixed, per_sample, expandable, batches, usages)  # type: ignore[arg-type]

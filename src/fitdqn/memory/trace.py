@@ -344,7 +344,6 @@ class StepFit(NamedTuple):
     fixed_step_bytes: int
     per_sample_bytes: int
     per_group_per_sample: dict[str, int]
-    per_group_fixed: dict[str, int]
     traces: tuple[StepTrace, StepTrace]
 
     def step_bytes_at(self, batch_size: int) -> int:
@@ -391,13 +390,10 @@ def per_sample_bytes(
     first = trace_step_memory(make_step, b1, device, **trace_options)
     second = trace_step_memory(make_step, b2, device, **trace_options)
     fixed, per_sample = fit_line((b1, first.step_bytes), (b2, second.step_bytes))
-    group_fixed: dict[str, int] = {}
-    group_per_sample: dict[str, int] = {}
     steps1, steps2 = first.step_by_group, second.step_by_group
-    for name in sorted(set(steps1) | set(steps2)):
-        group_fixed[name], group_per_sample[name] = fit_line(
-            (b1, steps1.get(name, 0)), (b2, steps2.get(name, 0)))
-    return StepFit(fixed, per_sample, group_per_sample, group_fixed, (first, second))
+    group_per_sample = {name: fit_line((b1, steps1.get(name, 0)), (b2, steps2.get(name, 0)))[1]
+                        for name in sorted(set(steps1) | set(steps2))}
+    return StepFit(fixed, per_sample, group_per_sample, (first, second))
 
 
 class NoCudaDevice(RuntimeError):
