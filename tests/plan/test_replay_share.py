@@ -1,13 +1,12 @@
 import dataclasses
 
 import pytest
-from support.replay_reference import transition_spec
+from support.replay_reference import sum_tree_bytes, transition_spec
 
 from fitdqn.config import Config, with_overrides
 from fitdqn.errors import UserError
 from fitdqn.plan.replay_share import replay_component, replay_fixed_bytes
 from fitdqn.replay import ReplayBuffer
-from fitdqn.replay.sum_tree import sum_tree_bytes
 from fitdqn.transitions import bytes_per_transition
 
 

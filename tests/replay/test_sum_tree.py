@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from support.replay_reference import tree_reference_find, update_max
+from support.replay_reference import sum_tree_bytes, tree_reference_find, update_max
 
 from fitdqn.ops import prioritized as prioritized_ops
-from fitdqn.replay.sum_tree import SumTree, level_sizes, sum_tree_bytes
+from fitdqn.replay.sum_tree import SumTree, level_sizes
 
 
 def check_internal_sums(tree: SumTree, exact: bool) -> None:

@@ -39,4 +39,4 @@ def check_linearity(
     b1, b2, b3 = batches
     fit = per_sample_bytes(make_step, (b1, b2), device, **trace_options)
     third = trace_step_memory(make_step, b3, device, **trace_options)
-    return Linearity(fit, b3, fit.step_bytes_at(b3), third.step_bytes)
+    return Linearity(fit, b3, fit.fixed_step_bytes + fit.per_sample_bytes * b3, third.step_bytes)

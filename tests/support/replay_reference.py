@@ -6,7 +6,9 @@ import numpy as np
 import torch
 
 from fitdqn.config import Config
+from fitdqn.memory.component import tensor_bytes
 from fitdqn.ops.replay_gather import GoalCrossing
+from fitdqn.replay.sum_tree import level_sizes
 from fitdqn.transitions import FieldSpec
 
 AGENT_DIM = 6
@@ -196,3 +198,8 @@ def update_max(tree, index: torch.Tensor, values: torch.Tensor) -> None:
     """Set ``tree``'s leaves ``index [M]`` to ``values [M]``; for a duplicated index the largest value wins."""
     tree.leaves.scatter_reduce_(0, index, values.to(tree.leaves.dtype), reduce="amax", include_self=False)
     tree.propagate(index)
+
+
+def sum_tree_bytes(num_leaves: int, fanout: int) -> int:
+    """Bytes of a :class:`SumTree`'s levels (the same sizes it allocates)."""
+    return sum(tensor_bytes((size,), torch.float64) for size in level_sizes(num_leaves, fanout))

@@ -346,9 +346,6 @@ class StepFit(NamedTuple):
     per_group_per_sample: dict[str, int]
     traces: tuple[StepTrace, StepTrace]
 
-    def step_bytes_at(self, batch_size: int) -> int:
-        return self.fixed_step_bytes + self.per_sample_bytes * batch_size
-
 
 def fit_line(small: tuple[int, int], large: tuple[int, int]) -> tuple[int, int]:
     """(fixed, per_sample) of the line through (batch, bytes) points, slope rounded up, exact at ``small``."""

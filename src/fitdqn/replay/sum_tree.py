@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import torch
 
-from fitdqn.memory.component import tensor_bytes
 from fitdqn.ops import prioritized as prioritized_ops
 from fitdqn.ops import sum_tree as sum_tree_ops
 from fitdqn.replay.storage import filled_rows
@@ -41,11 +40,6 @@ def level_sizes(num_leaves: int, fanout: int) -> list[int]:
         parents = sizes[-1] // fanout
         sizes.append(-(-parents // fanout) * fanout)
     return sizes[::-1]
-
-
-def sum_tree_bytes(num_leaves: int, fanout: int) -> int:
-    """Bytes of a :class:`SumTree`'s levels (the same sizes it allocates)."""
-    return sum(tensor_bytes((size,), DTYPE) for size in level_sizes(num_leaves, fanout))
 
 
 class SumTree:
