@@ -94,9 +94,18 @@ def test_the_best_config_loads_for_train(tuned, tmp_path):
 
 
 def test_the_report_lists_trials_and_plots(tuned):
+    import matplotlib
+
     config, _space, _study, _output = tuned
     console = quiet()
+    def style():  # the drawing settings (the report chooses the Agg backend for good)
+        return {k: v for k, v in matplotlib.rcParams.items() if not k.startswith("backend")}
+
+    before = style()
     print_report(Path(config.tune.dir), config.tune, console)
+    # Optuna's plots set their style for the process: the report keeps it to its own plots (a run plotted later in
+    # the same process draws as anywhere else, byte for byte)
+    assert style() == before
     text = console.file.getvalue()
     assert "fail" in text and "learn.lr must be in (0, 1]" in text and text.count("complete") == 2
     assert "deflated Sharpe: trial " in text and "is the best of 2 tried" in text

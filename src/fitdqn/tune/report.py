@@ -144,7 +144,9 @@ def write_plots(study: optuna.Study, out_dir: Path) -> tuple[list[Path], list[st
 
     written, notes = [], []
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    with warnings.catch_warnings():
+    # Optuna's plots set a matplotlib style for the whole process (plt.style.use): kept to these plots, so a run's
+    # plots drawn later in the same process look as they do anywhere else
+    with warnings.catch_warnings(), matplotlib.rc_context():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if complete:
             path = out_dir / HISTORY_PNG
