@@ -221,3 +221,27 @@ def test_a_baseline_n_a_on_one_fold_is_n_a_in_the_pooled_study():
     text = study_markdown(summary, config, "runs/x", ContractSpec("generic", 50.0, 0.25, 2.5, 1.0))
     assert "| momentum 12 mo | n/a | |" in text and f"note: momentum 12 mo {why} (fold 0)" in text
     assert "| 0 | 2020-01-01 .. 2020-06-30 (150) |" in text and "| n/a |" in text.split("## Folds")[1]
+
+
+def test_policy_intervals_from_shared_resamples_equal_each_interval_drawn_alone():
+    import dataclasses
+
+    import numpy as np
+
+    from fitdqn.evaluate.compare import policy_intervals, sharpe_intervals
+
+    config = Config()
+    config = dataclasses.replace(config, evaluate=dataclasses.replace(config.evaluate, bootstrap_samples=300))
+    rng = np.random.default_rng(1)
+    agent, hold, rule, other = (rng.normal(50, 500, 400) for _ in range(4))
+    ruined = agent.copy()
+    ruined[150] = -2e5  # equity below zero: no Sharpe
+    flat = np.full(400, 10.0)  # a constant series: an infinite Sharpe in every resample
+    for pnl in ({"agent": agent, "buy_and_hold": hold, "ma_crossover": rule, "breakout": other},
+                {"agent": agent, "buy_and_hold": ruined, "ma_crossover": flat},
+                {"agent": ruined, "buy_and_hold": hold, "ma_crossover": rule},
+                {"agent": agent[:2], "buy_and_hold": hold[:2]}):
+        others = {name: p for name, p in pnl.items() if name != "agent"}
+        alone = {name: sharpe_intervals(config, p, 1e5, 252.0, others if name == "agent" else None)
+                 for name, p in pnl.items()}
+        assert policy_intervals(config, pnl, 1e5, 252.0) == alone

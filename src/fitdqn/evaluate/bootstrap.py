@@ -107,7 +107,14 @@ def bootstrap_sharpe(
     sharpes = resampled_sharpes(x[None] if baseline is None else np.stack([x, b]), periods_per_year,
                                 samples=samples, block_length=block, seed=seed)  # [samples, 1 or 2]
     stats = sharpes[:, 0] if baseline is None else sharpes[:, 0] - sharpes[:, 1]
-    stats = stats[~np.isnan(stats)]  # inf - inf (two constant series) has no sign
+    return percentile_interval(stats, estimate, confidence, block)
+
+
+def percentile_interval(stats: np.ndarray, estimate: float, confidence: float, block_length: float) -> Interval:
+    """The percentile interval of resampled statistics ``stats [samples]`` (what :func:`bootstrap_sharpe` returns
+    for them; a NaN resample, inf - inf of two constant series, has no sign and is left out)."""
+    samples, block = len(stats), block_length
+    stats = stats[~np.isnan(stats)]
     if not stats.size:
         return Interval(estimate, math.nan, math.nan, confidence, int(samples), block)
     tail = (1.0 - confidence) / 2.0

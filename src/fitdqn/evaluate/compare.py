@@ -28,8 +28,8 @@ from fitdqn.evaluate.baselines import (
     random_policy,
     rule_policies,
 )
-from fitdqn.evaluate.bootstrap import bootstrap_sharpe
-from fitdqn.evaluate.metrics import bar_returns, trading_metrics
+from fitdqn.evaluate.bootstrap import auto_block_length, bootstrap_sharpe, percentile_interval, resampled_sharpes
+from fitdqn.evaluate.metrics import bar_returns, sharpe_ratio, trading_metrics
 from fitdqn.evaluate.significance import deflated_sharpe, reality_check, return_moments
 from fitdqn.learn.learner import Learner
 from fitdqn.market.loader import Market
@@ -107,6 +107,47 @@ def joint_test(returns: np.ndarray, others: dict[str, np.ndarray | None], per_ye
                          confidence=options["confidence"])
 
 
+def policy_intervals(config: Config, pnl: dict[str, np.ndarray], capital: float, per_year: float
+                     ) -> dict[str, dict[str, Any]]:
+    """:func:`sharpe_intervals` of every policy in ``pnl`` (name -> its P&L on the split's bars, the agent first),
+    the agent's against all the others: the same figures, from one set of resamples of every series together
+    instead of one per interval (the same seed draws the same blocks for each, so each interval is the one
+    ``bootstrap_sharpe`` gives alone, and the reality check the one it draws itself)."""
+    options = bootstrap_options(config)
+    n = len(pnl["agent"])
+    if n < 3:  # too few bars for a reality check: each interval on its own (their own short-series answers)
+        others = {name: p for name, p in pnl.items() if name != "agent"}
+        return {name: sharpe_intervals(config, p, capital, per_year, others if name == "agent" else None)
+                for name, p in pnl.items()}
+    returns = {name: np.asarray(bar_returns(p, capital), dtype=np.float64) for name, p in pnl.items()}
+    whole = [name for name in pnl if len(returns[name]) == n]  # a ruined account's returns stop early: no Sharpe
+    block = auto_block_length(n) if options["block_length"] <= 0 else float(options["block_length"])
+    resampled = resampled_sharpes(np.stack([returns[k] for k in whole]), per_year, samples=options["samples"],
+                                  block_length=block, seed=options["seed"]) if whole else None  # [B, whole]
+    column = {name: resampled[:, i] for i, name in enumerate(whole)}
+
+    def interval(name: str, minus: str | None = None) -> dict[str, Any]:
+        estimate = sharpe_ratio(returns[name], per_year)
+        stats = column[name]
+        if minus is not None:
+            estimate, stats = estimate - sharpe_ratio(returns[minus], per_year), stats - column[minus]
+        return percentile_interval(stats, estimate, options["confidence"], block).to_json()
+
+    alone = {name: bootstrap_sharpe(returns[name], per_year, **options).to_json()  # whole, on bars of its own
+             for name in pnl if name not in column and len(returns[name]) == len(pnl[name])}
+    out = {name: {"sharpe_ci": interval(name) if name in column else alone.get(name)} for name in pnl}
+    agent_whole = "agent" in column
+    differences = {name: interval("agent", name) if agent_whole and name in column else None
+                   for name in pnl if name != "agent"}
+    out["agent"] |= {"sharpe_minus_buy_and_hold": differences.pop(BUY_AND_HOLD, None),
+                     "sharpe_minus_rules": differences}
+    out["agent"]["reality_check"] = reality_check(
+        returns["agent"], {k: returns[k] for k in whole if k != "agent"}, per_year, samples=options["samples"],
+        block_length=options["block_length"], seed=options["seed"], confidence=options["confidence"],
+        resampled=resampled) if agent_whole else None
+    return out
+
+
 def tries_counted(config: Config, returns: np.ndarray, sharpe: float | None, per_year: float) -> dict[str, Any] | None:
     """The deflated Sharpe ratio of ``sharpe`` over ``returns`` when the config says it was the best of
     ``evaluate.tried_configs`` > 1 tries (``fitdqn tune``'s best.toml does); None otherwise."""
@@ -156,9 +197,9 @@ def evaluate_split(learner: Learner, market: Market, config: Config, split: str,
     results["policies"] = list(pnl) + ([RANDOM] if baselines and config.train.eval_seeds > 0 else [])
     for name in pnl:
         results[name] = trading_metrics(pnl[name], positions[name], capital, per_year).to_json()
-        if baselines:  # the agent against every other policy on the same bars
-            others = {n: p for n, p in pnl.items() if n != "agent"} if name == "agent" else None
-            results[name] |= sharpe_intervals(config, pnl[name], capital, per_year, others)
+    if baselines:  # every Sharpe's interval, the agent's against every other policy on the same bars
+        for name, intervals in policy_intervals(config, pnl, capital, per_year).items():
+            results[name] |= intervals
     returns = bar_returns(agent.pnl, capital)
     results["agent"]["return_moments"] = return_moments(returns)  # what a deflated Sharpe needs of these bars
     deflated = tries_counted(config, returns, results["agent"]["sharpe"], per_year)

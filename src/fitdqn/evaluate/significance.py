@@ -92,9 +92,12 @@ def deflated_sharpe(sharpe: float, per_year: float, moments: dict[str, Any], tri
 
 # ------------------------------------------------------------------------------------------- reality check
 def reality_check(agent: np.ndarray, baselines: dict[str, np.ndarray], per_year: float, *, samples: int,
-                  block_length: float, seed: int, confidence: float) -> dict[str, Any] | None:
+                  block_length: float, seed: int, confidence: float, resampled: np.ndarray | None = None
+                  ) -> dict[str, Any] | None:
     """The agent's per-bar returns ``agent [n]`` against every baseline's ``[n]`` at once (module docstring), on
-    ``samples`` stationary-bootstrap resamples of all of them together. JSON-ready, or None without a baseline:
+    ``samples`` stationary-bootstrap resamples of all of them together (``resampled [samples, K + 1]``: their
+    Sharpes already drawn with these options by ``resampled_sharpes``, the agent's first, then the baselines of
+    length n in order; else drawn here). JSON-ready, or None without a baseline:
 
     * ``some_baseline_beats_agent``: Hansen's SPA p-values, ``consistent`` and ``upper`` (White's reality check);
     * ``agent_beats_every_baseline``: the intersection-union p-value, and ``pairwise`` (name -> one-sided p);
@@ -108,7 +111,8 @@ def reality_check(agent: np.ndarray, baselines: dict[str, np.ndarray], per_year:
     series = np.stack([x, *(np.asarray(baselines[k], dtype=np.float64) for k in names)])  # [K + 1, n]
     block = auto_block_length(n) if block_length <= 0 else float(block_length)
     observed = np.array([sharpe_ratio(s, per_year) for s in series])  # [K + 1]
-    resampled = resampled_sharpes(series, per_year, samples=samples, block_length=block, seed=seed)  # [B, K + 1]
+    if resampled is None:  # [B, K + 1]
+        resampled = resampled_sharpes(series, per_year, samples=samples, block_length=block, seed=seed)
     differences = resampled[:, 1:] - resampled[:, :1]  # [B, K] baseline minus agent
     edge = observed[1:] - observed[0]  # [K]
     finite = np.isfinite(differences).all(axis=0) & np.isfinite(edge)  # a constant series has an infinite Sharpe
