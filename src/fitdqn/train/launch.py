@@ -37,7 +37,8 @@ def exit_status(error: ChildFailedError) -> int:
 def stop_ranks_left() -> None:
     """SIGKILL what this launcher started and is still running: torchrun stops its ranks at a signal, but under
     load a rank could outlive it (each rank leads its own process group, which goes with it)."""
-    for entry in Path("/proc").iterdir():
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else ():  # no /proc (not Linux): torchrun's own stop alone
         if not entry.name.isdigit():
             continue
         try:
